@@ -1,0 +1,21 @@
+"""Shared fixtures: tiny checkpoints are written once per test session (they take about a second each)."""
+import pytest
+import torch
+
+import dspark
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    "A `tiny` checkpoint in the official layout, fp32, with a DSpark drafter under mtp.*."
+    return dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_ckpt):
+    return dspark.load_target(tiny_ckpt, device="cpu", dtype="float32")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)

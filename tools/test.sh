@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every check the project runs, in CI order. The README's test command (and so .ci/run) calls this after
+# installing the package with its dev extra. Runs on a 2-core CPU machine without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n== %s ==\n' "$*"; }
+t0=$SECONDS
+
+step "notebooks and package in sync: nbdev-export must leave dspark/ unchanged"
+nbdev-export
+if [ -n "$(git status --porcelain -- dspark)" ]; then
+  git status --porcelain -- dspark; git --no-pager diff --stat -- dspark
+  echo "nbdev-export changed dspark/: edit the notebooks (or nbdev-update), export, and commit both"; exit 1
+fi
+
+step "notebooks execute (nbdev-test; cells flagged gpu are skipped on CPU)"
+nbdev-test --n-workers 2 --timing
+
+step "notebooks end to end with small parameters (papermill)"
+python tools/run_papermill.py
+
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  step "installing Debian chromium for the docs rendering test"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium"
+fi
+
+step "docs site builds offline from the notebooks"
+python tools/build_docs.py --out _build/site
+
+step "pytest"
+python -m pytest -n 2 -q -p no:cacheprovider
+echo "all checks passed in $((SECONDS - t0)) s"
