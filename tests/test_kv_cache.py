@@ -84,3 +84,21 @@ def test_kv_bytes_per_token_medium_matches_reference_formula():
     hca = sum(m.layer_type(i) == "heavily_compressed_attention" for i in range(m.num_hidden_layers))
     assert (csa, hca) == (5, 5)
     assert kv_bytes_per_token(m, 2) == csa * (512 * 2 / 4 + 128 * 2 / 4) + hca * 512 * 2 / 128 == 1640
+
+
+def test_greedy_decode_matches_transformers_generate(tiny_ckpt, tiny_model):
+    "64 greedy tokens through the paged cache equal transformers' greedy `generate` (its own V4 cache)."
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.DeepseekV4ForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
+    prompt = torch.randint(0, 512, (23,), generator=torch.Generator().manual_seed(11))
+    hf.generation_config.eos_token_id = None          # run all 64 steps without altering any logit
+    with torch.no_grad():
+        ref = hf.generate(prompt[None], max_new_tokens=64, do_sample=False)[0, 23:]
+    assert len(ref) == 64
+    cache, table = _cache(tiny_model), [3, 1, 4, 0]
+    logits = forward_cached(tiny_model, cache, [prompt], [SeqView(table, 0, 0)])[0]
+    out = []
+    for _ in range(64):
+        out.append(int(logits[-1].argmax()))
+        logits = forward_cached(tiny_model, cache, [torch.tensor(out[-1:])], [SeqView(table, 0, 23 + len(out) - 1)])[0]
+    assert out == ref.tolist()
