@@ -7,3 +7,4 @@ __version__ = "0.1.0"
 from dspark.config import ConfigError, ModelConfig, load_config, preset
 from dspark.checkpoint import CheckpointError, load_target, make_tiny_checkpoint, save_checkpoint
 from dspark.model import Transformer
+from dspark.sampling import SamplingParams
