@@ -18,15 +18,19 @@ def full(tiny_model, ids):
     return tiny_model.logits(ids[None])[0]
 
 
+WIN = [4, 0, 6, 2, 7, 1]      # window-group blocks, deliberately not in order
+
+
 def _cache(model, lookahead=0, seqs=2):
-    return PagedKVCache(model.cfg, CacheConfig(block_size=32, num_blocks=24, max_seqs=seqs, lookahead=lookahead))
+    cc = CacheConfig(block_size=32, num_blocks=24, num_window_blocks=12, max_seqs=seqs, lookahead=lookahead)
+    return PagedKVCache(model.cfg, cc)
 
 
 def _run(model, ids, sizes, cache=None, table=(5, 0, 7, 2, 9, 1), slot=0):
     cache = cache or _cache(model)
     out, s = [], 0
     for n in sizes:
-        out.append(forward_cached(model, cache, [ids[s:s + n]], [SeqView(list(table), slot, s)])[0]); s += n
+        out.append(forward_cached(model, cache, [ids[s:s + n]], [SeqView(WIN, list(table), slot, s)])[0]); s += n
     return torch.cat(out)
 
 
@@ -48,14 +52,15 @@ def test_ragged_batch_equals_each_alone(tiny_model):
     "Requests of different lengths in one call give the same logits as each alone (no padding anywhere)."
     g = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 512, (n,), generator=g) for n in (5, 70, 33, 130)]
-    cache = PagedKVCache(tiny_model.cfg, CacheConfig(block_size=32, num_blocks=40, max_seqs=4))
+    cache = PagedKVCache(tiny_model.cfg, CacheConfig(block_size=32, num_blocks=40, num_window_blocks=40, max_seqs=4))
     tables = [list(range(i * 5, i * 5 + 5)) for i in range(4)]
-    together = forward_cached(tiny_model, cache, prompts, [SeqView(t, i, 0) for i, t in enumerate(tables)])
+    wins = [list(range(39 - i * 5, 34 - i * 5, -1)) for i in range(4)]
+    together = forward_cached(tiny_model, cache, prompts, [SeqView(w, t, i, 0) for i, (w, t) in enumerate(zip(wins, tables))])
     for p, got in zip(prompts, together):
         _close(got, tiny_model.logits(p[None])[0])
     # ...and one decode step for all four at once
     nxt = [torch.tensor([7]) for _ in prompts]
-    step = forward_cached(tiny_model, cache, nxt, [SeqView(t, i, len(p)) for i, (t, p) in enumerate(zip(tables, prompts))])
+    step = forward_cached(tiny_model, cache, nxt, [SeqView(w, t, i, len(p)) for i, (w, t, p) in enumerate(zip(wins, tables, prompts))])
     for p, got in zip(prompts, step):
         _close(got, tiny_model.logits(torch.cat([p, torch.tensor([7])])[None])[0, -1:])
 
@@ -67,9 +72,29 @@ def test_rejected_tokens_leave_no_state(tiny_model, ids, full):
     table = [5, 0, 7, 2, 9, 1]
     _run(tiny_model, ids, [62], cache, table)                                  # commit 62 tokens
     junk = torch.randint(0, 512, (6,), generator=torch.Generator().manual_seed(1))
-    forward_cached(tiny_model, cache, [junk], [SeqView(table, 0, 62)])         # 6 drafts at 62..67, all rejected
-    got = forward_cached(tiny_model, cache, [ids[62:N]], [SeqView(table, 0, 62)])[0]
+    forward_cached(tiny_model, cache, [junk], [SeqView(WIN, table, 0, 62)])    # 6 drafts at 62..67, all rejected
+    got = forward_cached(tiny_model, cache, [ids[62:N]], [SeqView(WIN, table, 0, 62)])[0]
     _close(got, full[62:])
+
+
+def test_prefix_resume_recomputes_the_overlap_window(tiny_model, ids, full):
+    """A second request reusing the blocks of positions [0, 64) resumes at 60 with an empty ring and
+    `pooled_upto=64`: its logits match the full forward (fail-closed reuse of the compressor state)."""
+    cache = _cache(tiny_model, seqs=2)
+    _run(tiny_model, ids, [100], cache)                                        # request A fills blocks 0..3
+    table = [5, 0, 11, 12, 13]                                                 # B shares A's first two blocks
+    win = [4, 0, 8, 9, 10]
+    got = forward_cached(tiny_model, cache, [ids[60:N]], [SeqView(win, table, 1, 60, pooled_upto=64)])[0]
+    _close(got, full[60:])
+
+
+def test_plan_cache_from_budget(tiny_model):
+    from dspark.kv_cache import plan_cache, block_bytes
+    cc = plan_cache(tiny_model.cfg, 8 * 2**20, block_size=32, max_seqs=4, max_batched_tokens=128)
+    comp_b, win_b = block_bytes(tiny_model.cfg, 32, torch.float32)
+    assert cc.num_blocks * comp_b + cc.num_window_blocks * win_b <= 8 * 2**20 and cc.num_blocks > 10
+    with pytest.raises(ValueError, match="too small"):
+        plan_cache(tiny_model.cfg, 2**16, block_size=32, max_seqs=4, max_batched_tokens=128)
 
 
 def test_block_size_must_cover_ratios(tiny_model):
@@ -96,9 +121,9 @@ def test_greedy_decode_matches_transformers_generate(tiny_ckpt, tiny_model):
         ref = hf.generate(prompt[None], max_new_tokens=64, do_sample=False)[0, 23:]
     assert len(ref) == 64
     cache, table = _cache(tiny_model), [3, 1, 4, 0]
-    logits = forward_cached(tiny_model, cache, [prompt], [SeqView(table, 0, 0)])[0]
+    logits = forward_cached(tiny_model, cache, [prompt], [SeqView(WIN, table, 0, 0)])[0]
     out = []
     for _ in range(64):
         out.append(int(logits[-1].argmax()))
-        logits = forward_cached(tiny_model, cache, [torch.tensor(out[-1:])], [SeqView(table, 0, 23 + len(out) - 1)])[0]
+        logits = forward_cached(tiny_model, cache, [torch.tensor(out[-1:])], [SeqView(WIN, table, 0, 23 + len(out) - 1)])[0]
     assert out == ref.tolist()
