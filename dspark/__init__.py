@@ -8,3 +8,5 @@ from dspark.config import ConfigError, ModelConfig, load_config, preset
 from dspark.checkpoint import CheckpointError, load_target, make_tiny_checkpoint, save_checkpoint
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
+from dspark.tokenizer import Tokenizer
+from dspark.engine import LLM, CompletionOutput, RequestOutput

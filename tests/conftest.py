@@ -1,8 +1,13 @@
 """Shared fixtures: tiny checkpoints are written once per test session (they take about a second each)."""
+import os
+
 import pytest
 import torch
 
 import dspark
+
+if os.environ.get("PYTEST_XDIST_WORKER"):   # one thread per xdist worker: 2 workers x 2 threads thrash 2 cores
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,140 @@
+"""The offline LLM API end to end: parity with transformers, batching, preemption, prefix cache, seeds, stops."""
+import pytest
+import torch
+
+import dspark
+from dspark.engine import LLM
+from dspark.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    return LLM(tiny_ckpt, max_num_seqs=8, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+
+
+def _prompts(n, seed=0, lo=5, hi=90):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 512, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def _ids(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_greedy_matches_transformers_generate(tiny_ckpt, llm):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.DeepseekV4ForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    prompt = _prompts(1, seed=4, lo=30, hi=31)[0]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt):].tolist()
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == ref and out.outputs[0].finish_reason == "length"
+
+
+def test_batch_of_8_equals_each_alone(llm):
+    prompts = _prompts(8, seed=1)
+    assert len({len(p) for p in prompts}) > 4
+    together = _ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    for p, t in zip(prompts, together):
+        assert _ids(llm.generate([p], GREEDY, use_tqdm=False))[0] == t
+
+
+def test_preemption_keeps_outputs_identical(tiny_ckpt, llm):
+    prompts = _prompts(6, seed=2, lo=30, hi=60)
+    sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ref = _ids(llm.generate(prompts, sp, use_tqdm=False))
+    small = LLM(tiny_ckpt, max_num_seqs=6, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20,
+                num_kv_blocks=5, enable_prefix_caching=False)
+    got = _ids(small.generate(prompts, sp, use_tqdm=False))
+    assert small.scheduler.num_preemptions > 0
+    assert got == ref
+    kv = small.scheduler.kv
+    assert kv.comp.num_free == 5 and kv.window.num_free == len(kv.window.ref) and len(kv.slots) == 6
+
+
+def test_seeded_sampling_independent_of_batch(llm):
+    prompts = _prompts(5, seed=3)
+    sps = [SamplingParams(temperature=1.0, top_p=0.9, max_tokens=15, seed=100 + i, ignore_eos=True) for i in range(5)]
+    together = _ids(llm.generate(prompts, sps, use_tqdm=False))
+    reordered = _ids(llm.generate(prompts[::-1], sps[::-1], use_tqdm=False))[::-1]
+    alone = [_ids(llm.generate([p], s, use_tqdm=False))[0] for p, s in zip(prompts[:2], sps[:2])]
+    assert together == reordered and together[:2] == alone
+    assert len({tuple(t) for t in together}) == 5
+
+
+def test_prefix_cache_hits_and_identical_output(tiny_ckpt):
+    eng = LLM(tiny_ckpt, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+    shared = _prompts(1, seed=5, lo=140, hi=141)[0]
+    prompts = [shared + p for p in _prompts(3, seed=6, lo=3, hi=20)]
+    cold = _ids(eng.generate(prompts, GREEDY, use_tqdm=False))
+    before = eng.prefix_cache_stats()["hits"]
+    warm = eng.generate(prompts, GREEDY, use_tqdm=False)
+    assert eng.prefix_cache_stats()["hits"] > before
+    assert all(o.num_cached_tokens > 0 for o in warm)
+    assert _ids(warm) == cold
+    off = LLM(tiny_ckpt, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20,
+              enable_prefix_caching=False)
+    assert _ids(off.generate(prompts, GREEDY, use_tqdm=False)) == cold
+
+
+def test_chunked_prefill_through_the_engine(tiny_ckpt, llm):
+    prompts = _prompts(3, seed=7, lo=100, hi=200)
+    ref = _ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    tiny_budget = LLM(tiny_ckpt, max_num_seqs=3, max_num_batched_tokens=17, kv_cache_memory_bytes=32 * 2**20)
+    assert _ids(tiny_budget.generate(prompts, GREEDY, use_tqdm=False)) == ref
+
+
+def test_stops_and_finish_reasons(llm):
+    p = _prompts(1, seed=8)[0]
+    free = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    stop_tok = free.token_ids[5]
+    o = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop_tok], ignore_eos=True),
+                     use_tqdm=False)[0].outputs[0]
+    assert o.finish_reason == "stop" and o.token_ids[-1] == stop_tok and len(o.token_ids) == free.token_ids.index(stop_tok) + 1
+    if len(free.text) > 6:
+        s = free.text[3:6]
+        o = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=30, stop=s, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+        assert o.finish_reason == "stop" and s not in o.text and free.text.startswith(o.text)
+    o = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=4, logprobs=2, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert len(o.logprobs) == 4 and all(o.token_ids[i] in o.logprobs[i] for i in range(4))
+    assert all(max(d.values()) <= 0 for d in o.logprobs)
+
+
+def test_text_prompts_and_detokenised_output(llm):
+    outs = llm.generate(["Beautiful is better than", "Flat is better"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for o in outs:
+        assert o.prompt_token_ids[0] == llm.tokenizer.bos_token_id
+        assert o.outputs[0].text == llm.tokenizer.decode(o.outputs[0].token_ids)
+
+
+@pytest.mark.parametrize("prompt,kwargs,match", [
+    ([1] * 2000, {}, "max_model_len"),
+    ("", {}, "empty"),
+    ([], {}, "empty"),
+    ([1, 2, 600], {}, "vocabulary"),
+    ([1, 2], {"temperature": -1}, "temperature"),
+    ([1, 2], {"top_p": 0}, "top_p"),
+    ([1, 2], {"top_k": 0}, "top_k"),
+    ([1, 2], {"max_tokens": 0}, "max_tokens"),
+    ([1, 2], {"stop": [5]}, "stop"),
+])
+def test_bad_input_is_refused_before_any_work(llm, prompt, kwargs, match):
+    before = llm._count
+    with pytest.raises((ValueError, TypeError), match=match):
+        llm.generate([[3, 4, 5], prompt], SamplingParams(**kwargs) if kwargs else None, use_tqdm=False)
+    assert not llm.scheduler.has_work() and llm._count == before
+
+
+def test_profile_line_medium_matches_formula():
+    from dspark.kv_cache import plan_cache, profile_line
+    med = dspark.preset("medium")
+    line = profile_line(med, plan_cache(med, 2**30, 128, 16, 2048, 0, torch.bfloat16), 65536)
+    assert "1640 B/token" in line and "KV tokens" in line and "max concurrency" in line
+
+
+def test_unsupported_modes_are_refused(tiny_ckpt):
+    with pytest.raises(NotImplementedError, match="speculative"):
+        LLM(tiny_ckpt, speculative="dspark")
