@@ -172,6 +172,12 @@ class LLM:
                                                 lps[r.request_id] if r.params.logprobs is not None else None)],
                               num_cached_tokens=r.num_cached_tokens) for r, t in zip(reqs, texts)]
 
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        "Generate replies to conversations, rendered with the checkpoint's chat template."
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self.generate([self.tokenizer.encode_chat(c) for c in convs], sampling_params, use_tqdm)
+
     def prefix_cache_stats(self) -> dict[str, int]:
         kv = self.scheduler.kv
         return {"queries": kv.queries, "hits": kv.hits}

@@ -138,3 +138,22 @@ def test_profile_line_medium_matches_formula():
 def test_unsupported_modes_are_refused(tiny_ckpt):
     with pytest.raises(NotImplementedError, match="speculative"):
         LLM(tiny_ckpt, speculative="dspark")
+
+
+def test_chat_uses_the_template(llm):
+    msgs = [{"role": "user", "content": "Simple is better"}]
+    out = llm.chat(msgs, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), use_tqdm=False)[0]
+    assert out.prompt_token_ids == llm.tokenizer.encode_chat(msgs)
+    assert out.prompt_token_ids.count(llm.tokenizer.bos_token_id) == 1
+
+
+def test_abort_frees_blocks(tiny_ckpt):
+    from dspark.scheduler import Request
+    eng = LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20)
+    s, kv = eng.scheduler, eng.scheduler.kv
+    free0 = kv.comp.num_free
+    s.add(Request("a", list(range(2, 90)), SamplingParams(), seed=1))
+    s.update(s.schedule(), {})
+    assert kv.comp.num_free < free0
+    assert s.abort("a").finish_reason == "abort" and kv.comp.num_free == free0 and not s.has_work()
+    assert s.abort("missing") is None
