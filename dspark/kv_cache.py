@@ -190,13 +190,17 @@ def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: Pag
 
 # %% ../nbs/06_kv_cache.ipynb #c5604fae
 @torch.no_grad()
-def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView]) -> list[torch.Tensor]:
-    "Run each request's new tokens `chunks[i]` (1-D ids) at `seqs[i].start`; returns each chunk's logits `[n_i, V]`."
+def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView],
+                   taps: tuple[int, ...] = (), features: list | None = None) -> list[torch.Tensor]:
+    """Run each request's new tokens `chunks[i]` (1-D ids) at `seqs[i].start`; returns each chunk's logits
+    `[n_i, V]`. With `taps`, `features` receives each chunk's hc-mean outputs of those layers, concatenated
+    in the given order (`[n_i, len(taps)·D]`): the DSpark drafter's context features."""
     cfg = model.cfg
     ids = torch.cat(chunks).unsqueeze(0).to(model.embed.weight.device)
     model.check_ids(ids)
     bounds = [0] + torch.tensor([len(c) for c in chunks]).cumsum(0).tolist()
     x = model.embed(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
+    tapped = {}
     for blk in model.layers:
         y, post, comb = hc_pre(x, *blk.site("attn"), cfg)
         y = blk.attn_norm(y)
@@ -205,5 +209,9 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
         x = hc_post(att, x, post, comb)
         y, post, comb = hc_pre(x, *blk.site("ffn"), cfg)
         x = hc_post(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
+        if blk.layer_id in taps: tapped[blk.layer_id] = x[0].float().mean(dim=1)
+    if taps and features is not None:
+        f = torch.cat([tapped[l] for l in taps], dim=-1)
+        features.extend(f[a:e] for a, e in zip(bounds, bounds[1:]))
     logits = model.head_logits(hc_head(x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
     return [logits[a:e] for a, e in zip(bounds, bounds[1:])]
