@@ -142,7 +142,8 @@ def _compress_chunk(comp, x: torch.Tensor, start: int, ring, slot: int, inv: tor
         old = torch.arange(a, start, device=x.device) % R       # positions before the chunk come from the ring
         seq_kv = torch.cat([ring[0][slot, old].unsqueeze(0), kv], dim=1)   # positions [a, start + n)
         seq_sc = torch.cat([ring[1][slot, old].unsqueeze(0), sc], dim=1)
-        prev = (seq_kv[:, :r, :comp.dim], seq_sc[:, :r, :comp.dim]) if comp.overlap and lo > 0 else None
+        pv = slice(lo - r - a, lo - a)                              # the window before the first pooled one
+        prev = (seq_kv[:, pv, :comp.dim], seq_sc[:, pv, :comp.dim]) if comp.overlap and lo > 0 else None
         span = slice(lo - a, lo - a + (last - first) * r)
         new = comp.finish(comp.pool(seq_kv[:, span], seq_sc[:, span], prev), first, inv)
     keep = pos[-R:]

@@ -77,15 +77,18 @@ def test_rejected_tokens_leave_no_state(tiny_model, ids, full):
     _close(got, full[62:])
 
 
-def test_prefix_resume_recomputes_the_overlap_window(tiny_model, ids, full):
-    """A second request reusing the blocks of positions [0, 64) resumes at 60 with an empty ring and
-    `pooled_upto=64`: its logits match the full forward (fail-closed reuse of the compressor state)."""
+@pytest.mark.parametrize("back", [4, 21, 64])
+def test_prefix_resume_recomputes_the_overlap_window(tiny_model, ids, full, back):
+    """A second request reusing the blocks of positions [0, 64) resumes `back` positions earlier with an
+    empty ring and `pooled_upto=64`: its logits match the full forward (fail-closed reuse of the compressor
+    state; `back` = 4 is the CSA overlap window, 64 the DSpark drafter's context window)."""
     cache = _cache(tiny_model, seqs=2)
     _run(tiny_model, ids, [100], cache)                                        # request A fills blocks 0..3
     table = [5, 0, 11, 12, 13]                                                 # B shares A's first two blocks
     win = [4, 0, 8, 9, 10]
-    got = forward_cached(tiny_model, cache, [ids[60:N]], [SeqView(win, table, 1, 60, pooled_upto=64)])[0]
-    _close(got, full[60:])
+    s = 64 - back
+    got = forward_cached(tiny_model, cache, [ids[s:N]], [SeqView(win, table, 1, s, pooled_upto=64)])[0]
+    _close(got, full[s:])
 
 
 def test_plan_cache_from_budget(tiny_model):

@@ -1,0 +1,216 @@
+"""Speculative decoding end to end: lossless (greedy identity, sampled distribution), bookkeeping (oracle
+drafter, scripted accept patterns), state after rejected drafts, and the prefix cache."""
+import math
+
+import pytest
+import torch
+
+import dspark
+from dspark.engine import LLM
+from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+from dspark.sampling import SamplingParams
+
+KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def ck7(tmp_path_factory):
+    "A tiny checkpoint whose DSpark drafter has block size 7, so K = 1..7 can be verified."
+    return dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("dsp7"), seed=3, drafter="dspark", dspark_block_size=7)
+
+
+def _prompts(n, seed, lo=4, hi=80):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 512, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def _ids(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def greedy_ref(ck7):
+    prompts = _prompts(4, seed=1)
+    base = LLM(ck7, **KV)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    return prompts, sp, _ids(base.generate(prompts, sp, use_tqdm=False))
+
+
+@pytest.mark.parametrize("K", range(1, 8))
+def test_greedy_identity(ck7, greedy_ref, K):
+    prompts, sp, ref = greedy_ref
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=K, **KV)
+    assert _ids(spec.generate(prompts, sp, use_tqdm=False)) == ref
+    st = spec.spec_stats()
+    assert st["num_drafts"] > 0 and st["num_draft_tokens"] <= K * st["num_drafts"]
+
+
+class Oracle:
+    "A drafter that proposes the target's own greedy continuation (one-hot q)."
+    def __init__(self, drafter, seqs, V):
+        self.d, self.seqs, self.V = drafter, seqs, V
+    def __call__(self, anchor, P, ctx, params, seed):
+        seq = next(s for s in self.seqs if len(s) > P and s[P] == anchor)
+        toks = (seq[P + 1:P + 1 + self.d.block_size] + [0] * self.d.block_size)[: self.d.block_size]
+        return toks, torch.nn.functional.one_hot(torch.tensor(toks), self.V).float(), torch.zeros(len(toks))
+
+
+def _patch_oracle(llm, full_seqs):
+    d = llm.runner.drafter
+    d.propose = Oracle(d, full_seqs, llm.model.cfg.vocab_size)
+
+
+@pytest.mark.parametrize("K", [1, 3, 7])
+def test_oracle_drafter_accepts_everything(ck7, K):
+    "With drafts equal to the target's greedy continuation every draft is accepted: τ = K + 1 (up to truncation)."
+    prompt = _prompts(1, seed=9, lo=20, hi=21)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ref = _ids(LLM(ck7, **KV).generate([prompt], sp, use_tqdm=False))[0]
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=K, **KV)
+    _patch_oracle(spec, [prompt + ref])
+    assert _ids(spec.generate([prompt], sp, use_tqdm=False))[0] == ref
+    st = spec.spec_stats()
+    assert st["num_accepted_tokens"] == st["num_draft_tokens"] and st["draft_acceptance_rate"] == 1.0
+    full_rounds = (40 - 1) // (K + 1)                    # 1 token from prefill, then K+1 per round
+    assert st["accepted_per_position"][K - 1] >= full_rounds
+    assert st["mean_acceptance_length"] >= K + 1 - K / st["num_drafts"]
+
+
+def test_scripted_accept_pattern(ck7):
+    """Forced drafts whose first 5, 0 and 2 tokens are right give the hand-computed counters. With
+    max_tokens = 11 the engine drafts only what can still be emitted: 5 drafts after the first token,
+    3 after the 7th (11 − 7 − 1), 2 after the 8th."""
+    prompt = _prompts(1, seed=10, lo=12, hi=13)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=1 + 6 + 1 + 3, ignore_eos=True)
+    ref = _ids(LLM(ck7, **KV).generate([prompt], sp, use_tqdm=False))[0]
+    seq = prompt + ref
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=5, **KV)
+    script = iter([5, 0, 2])
+    V = spec.model.cfg.vocab_size
+
+    def propose(anchor, P, ctx, params, seed):
+        good = next(script)
+        toks = seq[P + 1:P + 1 + good] + [(seq[P + 1 + good] + 1) % V] * 7
+        toks = toks[:7]
+        return toks, torch.nn.functional.one_hot(torch.tensor(toks), V).float(), torch.zeros(7)
+
+    spec.runner.drafter.propose = propose
+    assert _ids(spec.generate([prompt], sp, use_tqdm=False))[0] == ref
+    st = spec.spec_stats()
+    assert (st["num_drafts"], st["num_draft_tokens"], st["num_accepted_tokens"]) == (3, 5 + 3 + 2, 5 + 0 + 2)
+    assert st["accepted_per_position"] == [2, 2, 1, 1, 1]
+    assert math.isclose(st["mean_acceptance_length"], 1 + 7 / 3)
+
+
+def test_stop_token_accepted_inside_the_draft_truncates(ck7):
+    prompt = _prompts(1, seed=11, lo=15, hi=16)[0]
+    free = _ids(LLM(ck7, **KV).generate([prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), use_tqdm=False))[0]
+    stop = free[9]
+    sp = SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[stop], ignore_eos=True)
+    ref = _ids(LLM(ck7, **KV).generate([prompt], sp, use_tqdm=False))[0]
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=7, **KV)
+    _patch_oracle(spec, [prompt + free])
+    out = spec.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ref and out.token_ids[-1] == stop and out.finish_reason == "stop"
+
+
+def test_max_tokens_truncation(ck7, greedy_ref):
+    prompts, _, _ = greedy_ref
+    for n in (1, 2, 9):
+        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        spec = LLM(ck7, speculative="dspark", num_speculative_tokens=7, **KV)
+        _patch_oracle(spec, [p + r for p, r in zip(prompts, _ids(LLM(ck7, **KV).generate(prompts, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), use_tqdm=False)))])
+        outs = spec.generate(prompts, sp, use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == n and o.outputs[0].finish_reason == "length" for o in outs)
+
+
+def test_sampled_distribution_matches_target(tmp_path):
+    """T = 1 on a 16-token vocabulary: the first two generated tokens follow the target's exact distribution
+    (enumerated from the target's logits), with speculative decoding on."""
+    ck = dspark.make_tiny_checkpoint(tmp_path / "v16", seed=5, drafter="dspark", vocab_size=16, dspark_block_size=3)
+    target = dspark.load_target(ck)
+    prompt = [0, 5, 9, 3]
+    p1 = target.logits(torch.tensor([prompt]))[0, -1].softmax(-1).double()
+    p2 = torch.stack([target.logits(torch.tensor([prompt + [x]]))[0, -1].softmax(-1) for x in range(16)]).double()
+    m2 = p1 @ p2
+    spec = LLM(ck, speculative="dspark", num_speculative_tokens=3, max_num_seqs=64, max_num_batched_tokens=1024,
+               kv_cache_memory_bytes=64 * 2**20)
+    N = 1200
+    # max_tokens 4: after the first token, one verify round with 2 drafts decides the second token
+    outs = spec.generate([prompt] * N, [SamplingParams(temperature=1.0, max_tokens=4, seed=s, ignore_eos=True) for s in range(N)], use_tqdm=False)
+    x = torch.tensor([o.outputs[0].token_ids[:2] for o in outs])
+    assert spec.spec_stats()["num_accepted_tokens"] > 50              # the drafter's tokens are really being used
+    for col, exact in ((0, p1), (1, m2)):
+        counts = torch.bincount(x[:, col], minlength=16).double()
+        keep = exact * N >= 5
+        obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+        exp = torch.cat([exact[keep], exact[~keep].sum(0, keepdim=True)]) * N
+        chi2 = float(((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum())
+        dof = int(keep.sum())
+        p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(chi2 / 2.0)))
+        assert p_value > 1e-3, (col, chi2, dof)
+
+
+def test_cache_after_partly_rejected_round_equals_committed_only(tiny_model):
+    """[anchor, 5 drafts] of which 2 are accepted, then the run continues from the committed length. The
+    cache of committed positions matches a run that processed only the committed tokens, and a run with
+    other rejected drafts: bitwise for everything written before the round, and within 1e-5 for what the
+    round and later steps wrote. (Not bitwise there: CPU fp32 GEMMs round a row differently depending on
+    how many rows share the call — measured up to 2e-5 for fewer than 8 rows — and the rejected drafts
+    change the row counts of the MoE's expert groups. A leaked state would show up as an O(1) difference.)"""
+    ids = torch.randint(0, 512, (90,), generator=torch.Generator().manual_seed(2))
+    def run(rejected):
+        cc = CacheConfig(block_size=32, num_blocks=8, num_window_blocks=8, max_seqs=1, lookahead=5)
+        cache = PagedKVCache(tiny_model.cfg, cc)
+        view = lambda s: SeqView([0, 1, 2, 3], [0, 1, 2, 3], 0, s)
+        forward_cached(tiny_model, cache, [ids[:60]], [view(0)])
+        forward_cached(tiny_model, cache, [torch.cat([ids[60:63], torch.tensor(rejected, dtype=torch.long)])], [view(60)])
+        forward_cached(tiny_model, cache, [ids[63:90]], [view(63)])
+        return cache
+    a, b, c = run([7, 8, 9]), run([400, 3, 77]), run([])
+    rows = lambda cache, l: cache.window[l][:3].flatten(0, 1)[:90]          # positions 0..89
+    for l in range(tiny_model.cfg.num_hidden_layers):
+        assert torch.equal(rows(a, l)[:60], rows(c, l)[:60]) and torch.equal(rows(a, l)[:60], rows(b, l)[:60])
+        torch.testing.assert_close(rows(a, l), rows(c, l), rtol=0, atol=1e-5)
+        torch.testing.assert_close(rows(b, l), rows(c, l), rtol=0, atol=1e-5)
+    for pools in ("entries", "index_keys"):
+        for l in getattr(a, pools):
+            ea, eb, ec = (getattr(x, pools)[l][:3].flatten(0, 1) for x in (a, b, c))
+            n = 90 // (tiny_model.cfg.ratio(l))
+            torch.testing.assert_close(ea[:n], ec[:n], rtol=0, atol=1e-5)
+            torch.testing.assert_close(eb[:n], ec[:n], rtol=0, atol=1e-5)
+
+
+def test_prefix_cache_same_tokens_and_acceptance(ck7):
+    shared = _prompts(1, seed=12, lo=150, hi=151)[0]
+    prompts = [shared + p for p in _prompts(2, seed=13, lo=3, hi=9)]
+    sp = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    cold = LLM(ck7, speculative="dspark", num_speculative_tokens=4, enable_prefix_caching=False, **KV)
+    ref, ref_stats = [], []
+    for p in prompts:
+        before = cold.spec_stats()["num_accepted_tokens"]
+        ref.append(_ids(cold.generate([p], sp, use_tqdm=False))[0]); ref_stats.append(cold.spec_stats()["num_accepted_tokens"] - before)
+    warm = LLM(ck7, speculative="dspark", num_speculative_tokens=4, **KV)
+    warm.generate([prompts[0]], sp, use_tqdm=False)                    # fills the prefix cache
+    for p, r, acc in zip(prompts, ref, ref_stats):
+        before, hits = warm.spec_stats()["num_accepted_tokens"], warm.prefix_cache_stats()["hits"]
+        out = warm.generate([p], sp, use_tqdm=False)[0]
+        assert warm.prefix_cache_stats()["hits"] > hits and out.num_cached_tokens > 0
+        assert out.outputs[0].token_ids == r
+        assert warm.spec_stats()["num_accepted_tokens"] - before == acc
+
+
+@pytest.mark.parametrize("kwargs,err,match", [
+    (dict(speculative="dspark", num_speculative_tokens=0), ValueError, "num_speculative_tokens"),
+    (dict(speculative="dspark", num_speculative_tokens=8), ValueError, "num_speculative_tokens"),
+    (dict(num_speculative_tokens=3), ValueError, "speculative"),
+])
+def test_bad_speculative_settings(ck7, kwargs, err, match):
+    with pytest.raises(err, match=match):
+        LLM(ck7, **kwargs)
+
+
+def test_dspark_without_drafter_weights(tmp_path):
+    ck = dspark.make_tiny_checkpoint(tmp_path / "nodraft", drafter=None)
+    with pytest.raises(ValueError, match="DSpark"):
+        LLM(ck, speculative="dspark")
