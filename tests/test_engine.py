@@ -138,8 +138,6 @@ def test_profile_line_medium_matches_formula():
 def test_unsupported_modes_are_refused(tiny_ckpt):
     with pytest.raises(ValueError, match="speculative"):
         LLM(tiny_ckpt, speculative="eagle")
-    with pytest.raises(NotImplementedError, match="mtp"):
-        LLM(tiny_ckpt, speculative="mtp")
     with pytest.raises(NotImplementedError, match="tensor_parallel_size"):
         LLM(tiny_ckpt, tensor_parallel_size=2)
 

@@ -29,6 +29,12 @@ def _ids(outs):
 
 
 @pytest.fixture(scope="module")
+def ckm(tmp_path_factory):
+    "A tiny checkpoint with an MTP layer (mtp.0 with e_proj/h_proj) instead of DSpark stages."
+    return dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("mtp"), seed=3, drafter="mtp")
+
+
+@pytest.fixture(scope="module")
 def greedy_ref(ck7):
     prompts = _prompts(4, seed=1)
     base = LLM(ck7, **KV)
@@ -45,28 +51,37 @@ def test_greedy_identity(ck7, greedy_ref, K):
     assert st["num_drafts"] > 0 and st["num_draft_tokens"] <= K * st["num_drafts"]
 
 
+@pytest.mark.parametrize("K", range(1, 8))
+def test_greedy_identity_mtp(ckm, K):
+    prompts = _prompts(4, seed=21)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ref = _ids(LLM(ckm, **KV).generate(prompts, sp, use_tqdm=False))
+    spec = LLM(ckm, speculative="mtp", num_speculative_tokens=K, **KV)
+    assert _ids(spec.generate(prompts, sp, use_tqdm=False)) == ref and spec.spec_stats()["num_drafts"] > 0
+
+
 class Oracle:
-    "A drafter that proposes the target's own greedy continuation (one-hot q)."
-    def __init__(self, drafter, seqs, V):
-        self.d, self.seqs, self.V = drafter, seqs, V
-    def __call__(self, anchor, P, ctx, params, seed):
+    "A proposer whose drafts are the target's own greedy continuation (one-hot q)."
+    def __init__(self, seqs, V):
+        self.seqs, self.V = seqs, V
+    def __call__(self, slot, rid, anchor, P, n, params, seed):
         seq = next(s for s in self.seqs if len(s) > P and s[P] == anchor)
-        toks = (seq[P + 1:P + 1 + self.d.block_size] + [0] * self.d.block_size)[: self.d.block_size]
-        return toks, torch.nn.functional.one_hot(torch.tensor(toks), self.V).float(), torch.zeros(len(toks))
+        toks = (seq[P + 1:P + 1 + n] + [0] * n)[:n]
+        return toks, torch.nn.functional.one_hot(torch.tensor(toks), self.V).float()
 
 
 def _patch_oracle(llm, full_seqs):
-    d = llm.runner.drafter
-    d.propose = Oracle(d, full_seqs, llm.model.cfg.vocab_size)
+    llm.runner.proposer.propose = Oracle(full_seqs, llm.model.cfg.vocab_size)
 
 
-@pytest.mark.parametrize("K", [1, 3, 7])
-def test_oracle_drafter_accepts_everything(ck7, K):
+@pytest.mark.parametrize("method,K", [("dspark", 1), ("dspark", 3), ("dspark", 7), ("mtp", 2), ("mtp", 5)])
+def test_oracle_drafter_accepts_everything(ck7, ckm, method, K):
     "With drafts equal to the target's greedy continuation every draft is accepted: τ = K + 1 (up to truncation)."
+    ck = ck7 if method == "dspark" else ckm
     prompt = _prompts(1, seed=9, lo=20, hi=21)[0]
     sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    ref = _ids(LLM(ck7, **KV).generate([prompt], sp, use_tqdm=False))[0]
-    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=K, **KV)
+    ref = _ids(LLM(ck, **KV).generate([prompt], sp, use_tqdm=False))[0]
+    spec = LLM(ck, speculative=method, num_speculative_tokens=K, **KV)
     _patch_oracle(spec, [prompt + ref])
     assert _ids(spec.generate([prompt], sp, use_tqdm=False))[0] == ref
     st = spec.spec_stats()
@@ -88,13 +103,12 @@ def test_scripted_accept_pattern(ck7):
     script = iter([5, 0, 2])
     V = spec.model.cfg.vocab_size
 
-    def propose(anchor, P, ctx, params, seed):
+    def propose(slot, rid, anchor, P, n, params, seed):
         good = next(script)
-        toks = seq[P + 1:P + 1 + good] + [(seq[P + 1 + good] + 1) % V] * 7
-        toks = toks[:7]
-        return toks, torch.nn.functional.one_hot(torch.tensor(toks), V).float(), torch.zeros(7)
+        toks = (seq[P + 1:P + 1 + good] + [(seq[P + 1 + good] + 1) % V] * 7)[:n]
+        return toks, torch.nn.functional.one_hot(torch.tensor(toks), V).float()
 
-    spec.runner.drafter.propose = propose
+    spec.runner.proposer.propose = propose
     assert _ids(spec.generate([prompt], sp, use_tqdm=False))[0] == ref
     st = spec.spec_stats()
     assert (st["num_drafts"], st["num_draft_tokens"], st["num_accepted_tokens"]) == (3, 5 + 3 + 2, 5 + 0 + 2)
@@ -201,6 +215,7 @@ def test_prefix_cache_same_tokens_and_acceptance(ck7):
 
 
 @pytest.mark.parametrize("kwargs,err,match", [
+    (dict(speculative="mtp"), ValueError, "MTP"),
     (dict(speculative="dspark", num_speculative_tokens=0), ValueError, "num_speculative_tokens"),
     (dict(speculative="dspark", num_speculative_tokens=8), ValueError, "num_speculative_tokens"),
     (dict(num_speculative_tokens=3), ValueError, "speculative"),
@@ -210,7 +225,25 @@ def test_bad_speculative_settings(ck7, kwargs, err, match):
         LLM(ck7, **kwargs)
 
 
-def test_dspark_without_drafter_weights(tmp_path):
+def test_dspark_without_drafter_weights(tmp_path, ckm):
     ck = dspark.make_tiny_checkpoint(tmp_path / "nodraft", drafter=None)
     with pytest.raises(ValueError, match="DSpark"):
         LLM(ck, speculative="dspark")
+    with pytest.raises(ValueError, match="DSpark"):
+        LLM(ckm, speculative="dspark")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(ckm, speculative="mtp", num_speculative_tokens=9)
+
+
+def test_eos_accepted_inside_the_draft_ends_the_request(ck7):
+    "An EOS accepted inside a draft ends the round and the request there (the tokenizer's EOS id is moved onto a token the model emits)."
+    prompt = _prompts(1, seed=14, lo=15, hi=16)[0]
+    free = _ids(LLM(ck7, **KV).generate([prompt], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), use_tqdm=False))[0]
+    eos = free[7]
+    base = LLM(ck7, **KV); base.tokenizer.eos_token_id = eos
+    ref = _ids(base.generate([prompt], SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False))[0]
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=7, **KV); spec.tokenizer.eos_token_id = eos
+    _patch_oracle(spec, [prompt + free])
+    out = spec.generate([prompt], SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ref == free[: free.index(eos) + 1] and out.finish_reason == "stop"
+    assert spec.spec_stats()["num_accepted_tokens"] > 0
