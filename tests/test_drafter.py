@@ -97,12 +97,17 @@ def cfg_block(target):
     return target.cfg.dspark_block_size
 
 
-@torch.no_grad()
-def ours(drafter, taps, anchor, P):
+def _backbone(drafter, taps, anchor, P):
+    "Context rows from the tapped features, then the block's hidden states and base logits."
     feats = drafter.features(taps)[0]
     ctx = drafter.context_kv(feats, torch.arange(feats.shape[0]))
     h = drafter.block_forward(anchor, P, ctx)
-    U = drafter.base_logits(h)
+    return ctx, h, drafter.base_logits(h)
+
+
+@torch.no_grad()
+def ours(drafter, taps, anchor, P):
+    _, h, U = _backbone(drafter, taps, anchor, P)
     toks, q, conf = drafter.markov_sample(U, h, anchor, GREEDY, 0, P)
     lg, conf_tf = drafter.markov(U, h, torch.tensor(D.markov_prev(anchor, toks)))
     return toks, lg, D.survival(conf_tf)
@@ -149,9 +154,7 @@ def test_each_mutation_breaks_conformance(setup, monkeypatch, name):
 def test_markov_sampling_equals_teacher_forced_scoring(setup):
     "§8.5 for sampled drafts too: q_k is softmax of the teacher-forced corrected logits."
     target, drafter, taps = setup
-    feats = drafter.features(taps)[0]
-    ctx = drafter.context_kv(feats, torch.arange(feats.shape[0]))
-    h = drafter.block_forward(ANCHOR, T_CTX, ctx); U = drafter.base_logits(h)
+    _, h, U = _backbone(drafter, taps, ANCHOR, T_CTX)
     sp = SamplingParams(temperature=0.8, top_k=50)
     toks, q, conf = drafter.markov_sample(U, h, ANCHOR, sp, 9, T_CTX)
     lg, conf_tf = drafter.markov(U, h, torch.tensor(D.markov_prev(ANCHOR, toks)))
@@ -163,9 +166,7 @@ def test_markov_sampling_equals_teacher_forced_scoring(setup):
 def test_block_invariance(setup):
     "§8.4: the backbone depends on anchor, context and positions only; sampled drafts change only the Markov bias."
     target, drafter, taps = setup
-    feats = drafter.features(taps)[0]
-    ctx = drafter.context_kv(feats, torch.arange(feats.shape[0]))
-    h = drafter.block_forward(ANCHOR, T_CTX, ctx); U = drafter.base_logits(h)
+    ctx, h, U = _backbone(drafter, taps, ANCHOR, T_CTX)
     a = drafter.markov_sample(U, h, ANCHOR, SamplingParams(temperature=1.0), 1, T_CTX)[0]
     b = drafter.markov_sample(U, h, ANCHOR, SamplingParams(temperature=1.0), 2, T_CTX)[0]
     assert a != b
