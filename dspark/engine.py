@@ -202,11 +202,11 @@ class LLM:
         while self.scheduler.has_work():
             batch = self.scheduler.schedule()
             outcome, logprobs = self.runner.execute(batch)
+            by_id = {r.request_id: r for r, _ in batch}
             for rid, (adv, toks) in outcome.items():               # an accepted stop token ends the round there
-                sp = next(r.params for r, _ in batch if r.request_id == rid)
-                toks = truncate_at_stop(toks, stop_ids(sp))
-                done = next(len(r.output_ids) for r, _ in batch if r.request_id == rid)
-                outcome[rid] = (adv, toks[: sp.max_tokens - done])
+                r = by_id[rid]
+                toks = truncate_at_stop(toks, stop_ids(r.params))
+                outcome[rid] = (adv, toks[: r.params.max_tokens - len(r.output_ids)])
             for r in self.scheduler.update(batch, outcome):
                 new, sp, rid = outcome[r.request_id][1], r.params, r.request_id
                 tok = new[-1]
