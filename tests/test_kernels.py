@@ -1,0 +1,131 @@
+"""Triton kernels (nbs/19_kernels_attention, nbs/20_kernels_fused) against their torch references.
+
+On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before
+anything imports triton; dspark.kernels_* would set it too), at small shapes; on a GPU machine they run compiled.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available(): os.environ["TRITON_INTERPRET"] = "1"
+
+import copy
+
+import pytest
+
+pytest.importorskip("triton")
+
+from dspark.kernels_attention import (batch_meta, indexer_scores, indexer_topk, indexer_topk_ref, sparse_attention,
+                                      sparse_attention_ref)
+from dspark.kernels_fused import attend_batch, qkv_rope_insert_, qkv_rope_insert_ref
+from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, attend_cached, forward_cached
+from dspark.config import preset
+from dspark.layers import rope_cos_sin, rope_inv_freq
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 1e-5   # fp32 max abs error (observed ~1e-6)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _batch(specs, bs=16, pad=3, seed=0):
+    "Shuffled block tables for requests `specs = [(start, n)]`, flattened and padded."
+    g = torch.Generator().manual_seed(seed)
+    nblk = [(s + n + bs - 1) // bs for s, n in specs]
+    wp, cp = torch.randperm(sum(nblk) + 2, generator=g).tolist(), torch.randperm(sum(nblk) + 2, generator=g).tolist()
+    seqs, a = [], 0
+    for i, ((s, n), k) in enumerate(zip(specs, nblk)):
+        seqs.append(SeqView(wp[a:a + k], cp[a:a + k], slot=i, start=s)); a += k
+    return batch_meta(seqs, [n for _, n in specs], bs, pad_to=sum(n for _, n in specs) + pad, device=DEV), len(wp), g
+
+
+def _rand(g, *shape): return torch.randn(*shape, generator=g).to(DEV)
+
+
+@pytest.mark.parametrize("mode", ["sliding", "csa", "hca"])
+def test_sparse_attention_matches_reference(mode):
+    # decode deep in the context, verify of 4, prefill from 0 (fewer rows than the window), verify mid-block
+    meta, nb, g = _batch([(37, 1), (50, 4), (0, 12), (29, 3)])
+    H, d, r, w = 8, 64, 4, 16
+    win, ent, q, sink = _rand(g, nb, 16, d), _rand(g, nb, 16 // r, d), _rand(g, len(meta.tok_pos), H, d), _rand(g, H)
+    kw = {}
+    if mode != "sliding": kw = dict(entries=ent, ratio=r)
+    if mode == "csa":
+        idx = torch.full((len(meta.tok_pos), 5), -1, dtype=torch.int32)
+        for t, p in enumerate(meta.tok_pos.tolist()):
+            c = torch.randperm(max(p + 1, 0) // r, generator=g)[:5]
+            idx[t, :len(c)] = c.int()
+        kw["topk_idx"] = idx.to(DEV)
+    o = sparse_attention(q, win, sink, meta, w, d ** -0.5, **kw)
+    assert (o - sparse_attention_ref(q, win, sink, meta, w, d ** -0.5, **kw)).abs().max() <= TOL
+    assert o[-3:].abs().max() == 0                                    # padding tokens are inert
+    one = batch_meta([SeqView(meta.window_tables[1].tolist(), meta.tables[1].tolist(), 0, 52)], [1], 16, device=DEV)
+    kw1 = {**kw, "topk_idx": kw["topk_idx"][3:4]} if mode == "csa" else kw
+    assert torch.equal(sparse_attention(q[3:4], win, sink, one, w, d ** -0.5, **kw1)[0], o[3])   # batch-independent
+
+
+def test_sparse_attention_rejects_dtype_mismatch():
+    meta, nb, g = _batch([(5, 1)])
+    with pytest.raises(ValueError, match="same dtype"):
+        sparse_attention(_rand(g, 4, 2, 16).double(), _rand(g, nb, 16, 16), _rand(g, 2), meta, 16, 0.25)
+
+
+@pytest.mark.parametrize("data", ["random", "integer"])
+def test_indexer_topk_matches_topk_stable(data):
+    meta, _, g = _batch([(37, 1), (50, 4), (0, 12), (70, 2)], pad=2, seed=1)
+    HI, di, r, K, N = 4, 64, 4, 8, len(meta.tok_pos)
+    nb = int(meta.tables.max()) + 1
+    if data == "random":
+        keys, q, w = _rand(g, nb, 16 // r, di), _rand(g, N, HI, di), _rand(g, N, HI)
+    else:   # exact in fp32 (scale 64^-1/2 = 1/8): bit-identical scores, many exact ties at the cut
+        keys = torch.randint(-1, 2, (nb, 16 // r, di), generator=g).float().to(DEV)
+        q = torch.randint(-1, 2, (N, HI, di), generator=g).float().to(DEV)
+        w = (torch.randint(-2, 3, (N, HI), generator=g).float() * 0.25).to(DEV)
+    idx = indexer_topk(q, w, keys, meta, r, di ** -0.5, K)
+    assert torch.equal(idx, indexer_topk_ref(q, w, keys, meta, r, di ** -0.5, K))
+    assert (idx[-2:] == -1).all() and (idx[5:8] == -1).all()          # padding; prefill positions 0..2 see nothing
+    if data == "integer":                                             # the case under test: exact ties
+        sc = indexer_scores(q, w, keys, meta, r, di ** -0.5)
+        assert sum(len(v) - len(v.unique()) for v in (row[row > float("-inf")] for row in sc)) > 0
+    for t in range(1, 5):   # verify tokens == the same tokens run alone as decode steps
+        one = batch_meta([SeqView(meta.window_tables[1].tolist(), meta.tables[1].tolist(), 0, 49 + t)], [1], 16, device=DEV)
+        assert torch.equal(indexer_topk(q[t:t + 1], w[t:t + 1], keys, one, r, di ** -0.5, K)[0], idx[t])
+
+
+def test_qkv_rope_insert_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    cos, sin = rope_cos_sin(rope_inv_freq(preset("tiny"), compressed=True), torch.tensor([3, 40, 41, 100, 0]))
+    cos, sin = cos.to(DEV), sin.to(DEV)
+    q, kv, w = _rand(g, 5, 4, 128), _rand(g, 5, 128), (torch.rand(128, generator=g) + 0.5).to(DEV)
+    slots = torch.tensor([5, 17, -1, 100, 33], device=DEV)
+    cache, cache_ref = torch.zeros(10, 16, 128, device=DEV), torch.zeros(10, 16, 128, device=DEV)
+    q_ref, kv_ref = qkv_rope_insert_ref(q, cos, sin, 1e-6, kv, w, cache_ref, slots)
+    qkv_rope_insert_(q, cos, sin, 1e-6, kv, w, cache, slots)
+    for a, b in [(q, q_ref), (kv, kv_ref), (cache, cache_ref)]: assert (a - b).abs().max() <= TOL
+    assert int((cache != 0).any(-1).sum()) == 4
+
+
+def test_attend_batch_matches_attend_cached(tiny_model):
+    cfg, g = tiny_model.cfg, torch.Generator().manual_seed(0)
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=3, lookahead=8))
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in (30, 84, 8)]
+    forward_cached(tiny_model, cache, prompts, [SeqView(t, t, i, 0) for i, t in enumerate(tables)])
+    step = [SeqView(t, t, i, len(p)) for i, (t, p) in enumerate(zip(tables, prompts))]
+    meta = batch_meta(step, [1, 4, 9], 16, pad_to=16)                 # decode, verify, prefill chunk, 2 padding
+    x = torch.randn(16, cfg.hidden_size, generator=g)
+    with torch.no_grad():
+        for layer in (1, 2, 3):                                       # sliding, CSA (22 entries > top-16), HCA
+            attn = tiny_model.layers[layer].attn
+            fast_cache, ref_cache = copy.deepcopy(cache), copy.deepcopy(cache)
+            out = attend_batch(attn, layer, x, step, meta, fast_cache)
+            ref = torch.cat([attend_cached(attn, layer, x[None, a:e], s, ref_cache)[0]
+                             for a, e, s in zip([0, 1, 5], [1, 5, 14], step)])
+            assert (out[:14] - ref).abs().max() <= TOL, layer
+            assert out[14:].abs().max() == 0
+            assert (fast_cache.window[layer] - ref_cache.window[layer]).abs().max() <= TOL
