@@ -1,8 +1,19 @@
 """dspark: a literate serving engine for DeepSeek-V4-Flash with DSpark speculative decoding.
 
-The package is exported from the notebooks in `nbs/`; this file only gathers the public API.
+The package is exported from the notebooks in `nbs/`; this file gathers the public API (and makes the one
+process-wide decision below).
 """
 __version__ = "0.1.0"
+
+import os as _os
+import sys as _sys
+
+import torch as _torch
+
+# Without CUDA, Triton can only interpret kernels, and it must be told before it is first imported — which
+# the reference path itself may trigger (torch imports triton lazily). So it is decided here, once.
+if "triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"
 
 from dspark.config import ConfigError, ModelConfig, load_config, preset
 from dspark.checkpoint import CheckpointError, load_target, make_tiny_checkpoint, save_checkpoint
