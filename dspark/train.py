@@ -32,17 +32,16 @@ from .model import Transformer
 from .mtp import MTPDrafter
 
 # %% auto #0
-__all__ = ['SKIP_DIRS', 'HELDOUT_MOD', 'DEFAULT_MODEL', 'stdlib_root', 'corpus_files', 'is_heldout', 'split_files', 'read_texts',
-           'encode_stream', 'model_config', 'mtp_config', 'init_weights', 'checkpoint_bytes', 'indexer_kl',
-           'csa_attention_train', 'target_forward', 'final_logits', 'Balancer', 'lr_at', 'fit', 'window_batch',
-           'train_target', 'continue_greedy_or_sampled', 'distill_batch', 'corpus_batch', 'dspark_block_train',
-           'block_loss', 'sample_anchors', 'train_dspark', 'mtp_train_logits', 'train_mtp', 'save_model', 'perplexity',
+__all__ = ['SKIP_DIRS', 'HELDOUT_MOD', 'stdlib_root', 'corpus_files', 'is_heldout', 'split_files', 'read_texts', 'encode_stream',
+           'model_config', 'mtp_config', 'init_weights', 'checkpoint_bytes', 'indexer_kl', 'csa_attention_train',
+           'target_forward', 'final_logits', 'Balancer', 'lr_at', 'fit', 'window_batch', 'train_target',
+           'continue_greedy_or_sampled', 'distill_batch', 'corpus_batch', 'dspark_block_train', 'block_loss',
+           'sample_anchors', 'train_dspark', 'mtp_train_logits', 'train_mtp', 'save_model', 'perplexity',
            'heldout_prompts', 'acceptance', 'evaluate', 'main']
 
 # %% ../nbs/18_train.ipynb #a2b20d11
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
 HELDOUT_MOD = 25
-DEFAULT_MODEL = Path(__file__).parent / "models" / "default" if "__file__" in globals() else None
 
 def stdlib_root() -> Path:
     "The standard library's directory: where the `os` module lives."
