@@ -11,6 +11,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -77,10 +78,16 @@ class _Track:
     logprobs: list = field(default_factory=list)
 
 # %% ../nbs/10_engine.ipynb #99a4e012
+def _same(decision):
+    "The single-process `canon`: a decision is already canonical."
+    return decision
+
 class ModelRunner:
     "Weights, KV cache and (optionally) a drafter; runs one step's chunks, verifies drafts, samples, proposes."
-    def __init__(self, model: Transformer, cache: PagedKVCache, proposer=None, num_spec: int = 0, max_model_len: int = 0):
+    def __init__(self, model: Transformer, cache: PagedKVCache, proposer=None, num_spec: int = 0, max_model_len: int = 0,
+                 forward: Callable = forward_cached, canon: Callable = _same):
         self.model, self.cache, self.proposer, self.K, self.max_model_len = model, cache, proposer, num_spec, max_model_len
+        self.forward, self.canon = forward, canon
         self.q: dict[str, torch.Tensor] = {}          # draft distributions of each request's pending drafts
         self.stats = SpecStats()
 
@@ -91,24 +98,38 @@ class ModelRunner:
         chunks = [torch.tensor((r.all_ids + r.drafts)[r.num_computed:r.num_computed + n], device=dev) for r, n in batch]
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
         feats: list[torch.Tensor] = []
-        logits = forward_cached(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
-                                feats if pr and pr.final else None)
-        out, logprobs = {}, {}
+        logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
+                              feats if pr and pr.final else None)
+        decided = {}                                               # id -> (drafts verified, accepted, tokens, logprobs)
         for i, ((r, n), lg) in enumerate(zip(batch, logits)):
             known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
-            pos = lambda k: torch.arange(r.num_computed, r.num_computed + k, device=dev)
             if n < known:                                          # a prefill chunk that does not reach the end
-                if pr: pr.observe(r.slot, r.request_id, feats[i], pos(n), r.all_ids)
+                if pr: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
                 continue
             k = n - known
             rows = lg[known - 1:]                                  # row j verifies draft j+1; the last is the bonus
             a, toks = rejection_sample(rows, r.drafts[:k], self.q.get(r.request_id), r.params, r.seed, r.num_tokens)
+            lp = (None if r.params.logprobs is None else
+                  [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)])
+            decided[r.request_id] = (k, a, toks, lp)
+        decided = self.canon(decided)                              # under TP: rank 0's outcome, on every rank
+        out, logprobs = {}, {}
+        for i, (r, n) in enumerate(batch):
+            if r.request_id not in decided: continue
+            k, a, toks, lp = decided[r.request_id]
+            known = n - k
             if k: self.stats.record(k, a)
             out[r.request_id] = (known + a, toks)
-            if r.params.logprobs is not None:
-                logprobs[r.request_id] = [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)]
-            if pr: self._propose(r, feats[i][:known + a], pos(known + a), toks)
+            if lp is not None: logprobs[r.request_id] = lp
+            if pr: self._propose(r, feats[i][:known + a], self._positions(r, known + a), toks)
+        if pr and decided:
+            drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided})
+            for r, _ in batch:
+                if r.request_id in drafts: r.drafts = drafts[r.request_id]
         return out, logprobs
+
+    def _positions(self, r: Request, k: int) -> torch.Tensor:
+        return torch.arange(r.num_computed, r.num_computed + k, device=self.model.embed.weight.device)
 
     def _propose(self, r: Request, feats: torch.Tensor, positions: torch.Tensor, toks: list[int]) -> None:
         "Show the drafter the newly committed positions, then draft the next round at the new anchor."
