@@ -182,7 +182,7 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 16, max_num_batched_tokens: int = 1024,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
-                 num_kv_blocks: int | None = None):
+                 num_kv_blocks: int | None = None, attention_backend: str = "auto"):
         if speculative == "none": speculative = None
         if speculative not in (None, "dspark", "mtp"):
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
@@ -207,13 +207,24 @@ class LLM:
         if num_kv_blocks is not None: cc.num_blocks = num_kv_blocks     # an override for tests and tuning
         proposer = (DSparkProposer(drafter, max_num_seqs, device) if speculative == "dspark" else
                     MTPProposer(drafter, max_num_seqs, K, device) if speculative == "mtp" else None)
-        self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len)
+        self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
+                                  forward=self._forward_for(attention_backend, device))
         back = cfg.sliding_window if drafter else 0
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
         self.profile = profile_line(cfg, cc, self.max_model_len)
         log.info(self.profile)
         if not log.hasHandlers(): print(self.profile)          # a notebook or script with no logging set up
+
+    @staticmethod
+    def _forward_for(backend: str, device: str):
+        "The target forward: the reference per-request attention, or the batched Triton one (the CUDA default)."
+        if backend not in ("auto", "reference", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'reference' or 'triton', got {backend!r}")
+        if backend == "reference" or (backend == "auto" and not str(device).startswith("cuda")):
+            return forward_cached
+        from .kernels_fused import forward_batched           # imports Triton: only when it is used
+        return forward_batched
 
     @staticmethod
     def _default_budget(device: str, utilization: float) -> int:

@@ -11,16 +11,16 @@ import torch
 
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
-from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
+from .kernels_attention import BatchMeta, batch_meta, indexer_topk, sparse_attention
 import triton
 import triton.language as tl
 
 from .config import CSA, SLIDING
-from .kv_cache import _compress_chunk, _store
+from .kv_cache import _compress_chunk, _store, forward_cached
 from .layers import apply_rope, rms_norm, rope_cos_sin
 
 # %% auto #0
-__all__ = ['qkv_rope_insert_', 'qkv_rope_insert_ref', 'attend_batch']
+__all__ = ['qkv_rope_insert_', 'qkv_rope_insert_ref', 'attend_batch', 'forward_batched']
 
 # %% ../nbs/20_kernels_fused.ipynb #60fddbcc
 @triton.jit
@@ -132,3 +132,12 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     o = sparse_attention(q, cache.window[layer_id], attn.attn_sink, meta, cfg.sliding_window, cfg.head_dim ** -0.5,
                          entries, r, idx)
     return attn.output(o[None], cos[None], sin[None], x.dtype)[0]
+
+# %% ../nbs/20_kernels_fused.ipynb #29880103
+def forward_batched(model, cache, chunks: list[torch.Tensor], seqs, taps: tuple[int, ...] = (),
+                    features: list | None = None, finals: list | None = None) -> list[torch.Tensor]:
+    "`forward_cached` with every layer's attention run by `attend_batch` over the whole step (Triton kernels)."
+    dev = model.embed.weight.device
+    meta = batch_meta(seqs, [len(c) for c in chunks], cache.cc.block_size, device=dev)
+    attend = lambda attn, layer_id, x: attend_batch(attn, layer_id, x, seqs, meta, cache)
+    return forward_cached(model, cache, chunks, seqs, taps, features, finals, attend=attend)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -192,11 +193,14 @@ def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: Pag
 # %% ../nbs/06_kv_cache.ipynb #2cb41e09
 @torch.no_grad()
 def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView],
-                   taps: tuple[int, ...] = (), features: list | None = None, finals: list | None = None) -> list[torch.Tensor]:
+                   taps: tuple[int, ...] = (), features: list | None = None, finals: list | None = None,
+                   attend: Callable | None = None) -> list[torch.Tensor]:
     """Run each request's new tokens `chunks[i]` (1-D ids) at `seqs[i].start`; returns each chunk's logits
     `[n_i, V]`. With `taps`, `features` receives each chunk's hc-mean outputs of those layers, concatenated
     in the given order (`[n_i, len(taps)·D]`): the DSpark drafter's context features. `finals` receives the
-    residual streams after the last layer (`[n_i, hc, D]`, before `hc_head`): the MTP layer's input."""
+    residual streams after the last layer (`[n_i, hc, D]`, before `hc_head`): the MTP layer's input.
+    `attend(attn, layer_id, x [N, D])` replaces the per-request `attend_cached` loop with one call over all
+    the step's tokens (the batched GPU path); everything else in the layer is already batched."""
     cfg = model.cfg
     ids = torch.cat(chunks).unsqueeze(0).to(model.embed.weight.device)
     model.check_ids(ids)
@@ -206,8 +210,9 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
     for blk in model.layers:
         y, post, comb = hc_pre(x, *blk.site("attn"), cfg)
         y = blk.attn_norm(y)
-        att = torch.cat([attend_cached(blk.attn, blk.layer_id, y[:, a:e], sq, cache)
-                         for a, e, sq in zip(bounds, bounds[1:], seqs)], dim=1)
+        att = (attend(blk.attn, blk.layer_id, y[0])[None] if attend else
+               torch.cat([attend_cached(blk.attn, blk.layer_id, y[:, a:e], sq, cache)
+                          for a, e, sq in zip(bounds, bounds[1:], seqs)], dim=1))
         x = hc_post(att, x, post, comb)
         y, post, comb = hc_pre(x, *blk.site("ffn"), cfg)
         x = hc_post(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
