@@ -66,12 +66,14 @@ def test_verify_chunk_equals_decode_steps(tiny_model):
 
 
 def test_cached_prefill_equals_full_forward(tiny_model):
-    "In invariant mode the paged path and the plain full causal forward (`model.logits`) agree bit for bit."
+    """In invariant mode the paged path and the plain full causal forward (`model.logits`) agree bit for bit, and
+    both compute the default mode's function (same indexer choices, same experts), up to rounding."""
     ids = _ids(70, 5)                 # up to 17 entries of ratio 4: the indexer's top-16 really chooses
     with dspark.batch_invariant():
         full = tiny_model.logits(ids[None])[0]
         cached = _forward(tiny_model, _cache(tiny_model.cfg), [ids], [0])[0][0]
     assert torch.equal(full, cached)
+    torch.testing.assert_close(full, tiny_model.logits(ids[None])[0], rtol=0, atol=1e-4)
 
 
 def test_default_mode_batched_within_tolerance(tiny_model):
