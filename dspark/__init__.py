@@ -16,6 +16,7 @@ if "triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ and no
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from dspark.config import ConfigError, ModelConfig, load_config, preset
+from dspark.layers import batch_invariant, is_batch_invariant
 from dspark.checkpoint import CheckpointError, load_target, make_tiny_checkpoint, save_checkpoint
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams

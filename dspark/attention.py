@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import CSA, HCA, SLIDING, ModelConfig
-from .layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, topk_stable
+from .layers import (RMSNorm, apply_rope, is_batch_invariant, per_token, rms_norm, rope_cos_sin, rope_inv_freq,
+                           topk_stable)
 
 # %% auto #0
 __all__ = ['Compressor', 'Indexer', 'window_mask', 'compressed_visible', 'sink_attention', 'Attention']
@@ -31,7 +32,8 @@ class Compressor(nn.Module):
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Per-token values and scores (score includes `ape[p mod ratio]`), fp32: `[B, T, width]` each."
-        return self.wkv(x).float(), self.wgate(x).float() + self.ape.float()[positions % self.ratio]
+        proj = lambda t, p: (self.wkv(t).float(), self.wgate(t).float() + self.ape.float()[p % self.ratio])
+        return per_token(proj, x, positions.expand(x.shape[:2]), lead=2)
 
     def pool(self, kv: torch.Tensor, score: torch.Tensor, prev: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Pool `n` complete windows (`kv`, `score`: `[B, n*ratio, width]`) into `[B, n, dim]` (before norm
@@ -47,13 +49,14 @@ class Compressor(nn.Module):
             prev_sc = torch.cat([prev[1][:, None], score[:, :-1, :, :d]], dim=1)
             kv = torch.cat([prev_kv, kv[..., d:]], dim=2)
             score = torch.cat([prev_sc, score[..., d:]], dim=2)
-        return (kv * score.softmax(dim=2)).sum(dim=2)
+        return per_token(lambda v, z: (v * z.softmax(dim=2)).sum(dim=2), kv, score, lead=2)   # window by window
 
     def finish(self, pooled: torch.Tensor, first_entry: int, inv_freq: torch.Tensor) -> torch.Tensor:
         "RMSNorm, then RoPE at each entry's first token position `i * ratio`."
-        idx = torch.arange(first_entry, first_entry + pooled.shape[1], device=pooled.device)
+        B, n, _ = pooled.shape
+        idx = torch.arange(first_entry, first_entry + n, device=pooled.device)
         cos, sin = rope_cos_sin(inv_freq, idx * self.ratio)
-        return apply_rope(self.norm(pooled), cos, sin)
+        return per_token(lambda p, c, s: apply_rope(self.norm(p), c, s), pooled, cos.expand(B, n, -1), sin.expand(B, n, -1), lead=2)
 
     def forward(self, x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         "All complete-window entries of a sequence that starts at position 0: `[B, T // ratio, dim]`."
@@ -71,10 +74,14 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(cfg.hidden_size, self.heads, bias=False)
         self.compressor = Compressor(cfg, cfg.csa_ratio, self.dim, overlap=True)
 
+    def queries(self, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        "Index query heads `[B, T, heads, dim]` with RoPE, from the query latent `qr [B, T, q_lora_rank]`."
+        B, T, _ = qr.shape
+        return apply_rope(self.wq_b(qr).view(B, T, self.heads, self.dim), cos.unsqueeze(-2), sin.unsqueeze(-2))
+
     def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         "Index scores `[B, T, n]` of queries (`x`, latent `qr`, rope `cos/sin [.., T, r/2]`) against `keys [B, n, dim]`."
-        B, T, _ = x.shape
-        q = apply_rope(self.wq_b(qr).view(B, T, self.heads, self.dim), cos.unsqueeze(-2), sin.unsqueeze(-2))
+        q = self.queries(qr, cos, sin)
         dots = torch.einsum("bthd,bnd->bthn", q.float(), keys.float()).relu() * self.dim ** -0.5
         w = self.weights_proj(x).float() * self.heads ** -0.5
         return (dots * w.unsqueeze(-1)).sum(dim=2)
@@ -85,6 +92,23 @@ class Indexer(nn.Module):
         k = min(self.cfg.index_topk, n)
         idx = topk_stable(scores.masked_fill(~visible, float("-inf")), k)
         return torch.zeros_like(visible).scatter(-1, idx, True) & visible
+
+    def choose(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+               visible: torch.Tensor) -> torch.Tensor:
+        """`select(scores(...), visible)`: the entries each query reads, `[B, T, n]`. In batch-invariant mode
+        each query is scored against exactly its visible entries, so neither other queries nor entries it
+        cannot see (completed by later, maybe rejected, tokens) change a bit of its scores."""
+        if not is_batch_invariant(): return self.select(self.scores(x, qr, cos, sin, keys), visible)
+        B, T, _ = x.shape
+        q = per_token(self.queries, qr, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2).float()
+        w = per_token(self.weights_proj, x, lead=2).float() * self.heads ** -0.5
+        chosen = torch.zeros_like(visible)
+        for b, t in ((b, t) for b in range(B) for t in range(T)):
+            vis = visible[b, t].nonzero()[:, 0]
+            dots = (q[b, t] @ keys[b, vis].float().T).relu() * self.dim ** -0.5        # [heads, n visible]
+            s = (dots * w[b, t, :, None]).sum(0)
+            chosen[b, t, vis[topk_stable(s, min(self.cfg.index_topk, len(vis)))]] = True
+        return chosen
 
 # %% ../nbs/02_attention.ipynb #1aa699e5
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -97,12 +121,23 @@ def compressed_visible(q_pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
     return torch.arange(n, device=q_pos.device) < ((q_pos + 1) // ratio).unsqueeze(-1)
 
 def sink_attention(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
-    "`q [B,T,H,d]`, `keys [B,S,d]` (K = V), `mask [B,T,S]`, `sink [H]` -> `[B,T,H,d]` in fp32."
+    """`q [B,T,H,d]`, `keys [B,S,d]` (K = V), `mask [B,T,S]`, `sink [H]` -> `[B,T,H,d]` in fp32. In batch-invariant
+    mode each query attends over exactly its visible keys, gathered in key order (no masked padding)."""
+    if is_batch_invariant(): return _sink_attention_per_query(q, keys, mask, sink, scale)
     logits = torch.einsum("bthd,bsd->bhts", q.float(), keys.float()) * scale
     logits = logits.masked_fill(~mask.unsqueeze(1), float("-inf"))
     sinks = sink.float().view(1, -1, 1, 1).expand(*logits.shape[:3], 1)
     probs = torch.cat([logits, sinks], dim=-1).softmax(-1)[..., :-1]
     return torch.einsum("bhts,bsd->bthd", probs, keys.float())
+
+def _sink_attention_per_query(q, keys, mask, sink, scale) -> torch.Tensor:
+    B, T, H, d = q.shape
+    out = torch.zeros(B, T, H, d, dtype=torch.float32, device=q.device)
+    for b, t in ((b, t) for b in range(B) for t in range(T)):
+        k = keys[b, mask[b, t].nonzero()[:, 0]].float()                        # [visible, d]
+        logits = q[b, t].float() @ k.T * scale
+        out[b, t] = torch.cat([logits, sink.float()[:, None]], dim=-1).softmax(-1)[:, :-1] @ k
+    return out
 
 class Attention(nn.Module):
     "V4 attention of one layer: sliding window, plus CSA (indexer top-k) or HCA compressed entries."
@@ -123,19 +158,23 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         "Query heads `[B,T,H,d]`, query latent `qr`, and the shared K=V row `[B,T,d]`, all with RoPE."
         B, T, _ = x.shape
-        qr = self.q_norm(self.wq_a(x))
-        q = rms_norm(self.wq_b(qr).view(B, T, -1, self.cfg.head_dim), self.cfg.rms_norm_eps).to(x.dtype)
-        q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
-        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
-        return q, qr, kv
+        def project(x, cos, sin):
+            qr = self.q_norm(self.wq_a(x))
+            q = rms_norm(self.wq_b(qr).view(*x.shape[:2], -1, self.cfg.head_dim), self.cfg.rms_norm_eps).to(x.dtype)
+            q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
+            return q, qr, apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        return per_token(project, x, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2)
 
     def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         "Inverse RoPE at the query position, then the grouped low-rank projection `wo_a` (per group) and `wo_b`."
-        o = apply_rope(o, cos.unsqueeze(-2), -sin.unsqueeze(-2)).to(dtype)
-        g = self.cfg.o_groups
-        o = o.flatten(2).unflatten(-1, (g, -1))                               # [B, T, g, H*d/g]
-        z = torch.einsum("btgi,goi->btgo", o, self.wo_a.weight.view(g, self.cfg.o_lora_rank, -1))
-        return self.wo_b(z.flatten(2))
+        B, T = o.shape[:2]
+        def project(o, cos, sin):
+            o = apply_rope(o, cos.unsqueeze(-2), -sin.unsqueeze(-2)).to(dtype)
+            g = self.cfg.o_groups
+            o = o.flatten(2).unflatten(-1, (g, -1))                           # [B, T, g, H*d/g]
+            z = torch.einsum("btgi,goi->btgo", o, self.wo_a.weight.view(g, self.cfg.o_lora_rank, -1))
+            return self.wo_b(z.flatten(2))
+        return per_token(project, o, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         "Full causal attention over a sequence starting at position 0 (`x` is the normed input `[B,T,D]`)."
@@ -150,7 +189,7 @@ class Attention(nn.Module):
             use = compressed_visible(pos, entries.shape[1], self.compressor.ratio).expand(B, -1, -1)
             if self.kind == CSA and entries.shape[1]:
                 ikeys = self.indexer.compressor(x, inv)
-                use = self.indexer.select(self.indexer.scores(x, qr, cos, sin, ikeys), use)
+                use = self.indexer.choose(x, qr, cos, sin, ikeys, use)
             keys, mask = torch.cat([kv, entries.to(kv.dtype)], dim=1), torch.cat([mask, use], dim=-1)
         o = sink_attention(q, keys, mask, self.attn_sink, self.cfg.head_dim ** -0.5)
         return self.output(o, cos, sin, x.dtype)

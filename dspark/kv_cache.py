@@ -184,7 +184,7 @@ def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: Pag
             use = compressed_visible(pos, total, r).unsqueeze(0)
             if attn.kind == CSA:
                 ikeys = cache.index_keys[layer_id][b, o].unsqueeze(0)
-                use = attn.indexer.select(attn.indexer.scores(x, qr, cos, sin, ikeys), use)
+                use = attn.indexer.choose(x, qr, cos, sin, ikeys, use)
             keys = torch.cat([keys, cache.entries[layer_id][b, o].unsqueeze(0).to(kv.dtype)], dim=1)
             mask = torch.cat([mask, use], dim=-1)
     out = sink_attention(q, keys, mask, attn.attn_sink, cfg.head_dim ** -0.5)

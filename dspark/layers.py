@@ -8,6 +8,8 @@ Docs: https://dspark-dev.github.io/dspark/layers.html.md"""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +18,43 @@ from torch import nn
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['rms_norm', 'RMSNorm', 'yarn_inv_freq', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes',
-           'hc_pre', 'hc_post', 'hc_head', 'topk_stable', 'score_fn', 'Gate', 'Expert', 'MoE']
+__all__ = ['batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq', 'rope_inv_freq',
+           'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post', 'hc_head', 'topk_stable',
+           'score_fn', 'Gate', 'Expert', 'MoE']
+
+# %% ../nbs/01_layers.ipynb #32ef50c9
+_MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
+
+@contextmanager
+def batch_invariant(enabled: bool = True):
+    """Within this block (or decorated function) the reference forward computes every token with calls whose
+    shapes do not depend on the rest of the batch, so a token's logits and cache rows are bitwise the same
+    alone, batched, in a verify chunk or in a decode step. `enabled=False` switches it off inside an
+    enabled block. The previous state comes back on exit, also after an exception."""
+    token = _MODE.set("on" if enabled else "off")
+    try: yield
+    finally: _MODE.reset(token)
+
+def is_batch_invariant() -> bool:
+    "Whether the batch-invariant reference mode is on in this thread/task."
+    return _MODE.get() != "off"
+
+def per_token(fn, *xs: torch.Tensor, lead: int = 1):
+    """`fn(*xs)` for a token-local `fn`: every `xs[i]` has the same `lead` leading (token) dims, and so does
+    each output (a tensor or a tuple of tensors). In batch-invariant mode `fn` runs once per token on slices
+    of shape `[1]*lead + rest`; `per_token` calls nested inside it then run as they are."""
+    shape = xs[0].shape[:lead]
+    if any(x.shape[:lead] != shape for x in xs):
+        raise ValueError(f"per_token: inputs disagree on their {lead} leading token dims: {[tuple(x.shape) for x in xs]}")
+    n = math.prod(shape)
+    if _MODE.get() != "on" or lead == 0 or n == 0: return fn(*xs)
+    flat, ones = [x.reshape(n, *x.shape[lead:]) for x in xs], (1,) * lead
+    outs, token = [], _MODE.set("token")
+    try:
+        for i in range(n): outs.append(fn(*(f[i].reshape(*ones, *f.shape[1:]) for f in flat)))
+    finally: _MODE.reset(token)
+    join = lambda parts: torch.cat([p.reshape(1, *p.shape[lead:]) for p in parts]).reshape(*shape, *parts[0].shape[lead:])
+    return tuple(join(parts) for parts in zip(*outs)) if isinstance(outs[0], tuple) else join(outs)
 
 # %% ../nbs/01_layers.ipynb #7215fdc5
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -31,7 +68,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.weight.float() * rms_norm(x, self.eps)).to(x.dtype)
+        return per_token(lambda t: (self.weight.float() * rms_norm(t, self.eps)).to(t.dtype), x, lead=x.dim() - 1)
 
 # %% ../nbs/01_layers.ipynb #1591e8dc
 def yarn_inv_freq(dim: int, base: float, factor: float, original_max_pos: int,
@@ -57,8 +94,10 @@ def rope_inv_freq(cfg: ModelConfig, compressed: bool) -> torch.Tensor:
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "cos/sin of shape `positions.shape + [r/2]`, in fp32."
-    ang = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)
-    return ang.cos(), ang.sin()
+    def angles(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ang = p.to(torch.float32)[..., None] * inv_freq.to(p.device)
+        return ang.cos(), ang.sin()
+    return per_token(angles, positions, lead=positions.dim())
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the trailing `2*cos.shape[-1]` channels of `x` by interleaved pairs; `cos`/`sin` must
@@ -71,12 +110,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 # %% ../nbs/01_layers.ipynb #fb0872f2
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    "Row softmax, then alternate column/row normalisation; ends on columns (columns sum to 1)."
+    """Row softmax, then alternate column/row normalisation; ends on columns (columns sum to 1). In batch-invariant
+    mode the (hc-long) sums are written out as additions in index order, which no batch shape can reorder."""
+    total = (lambda c, d: sum(c.unbind(d)).unsqueeze(d)) if is_batch_invariant() else (lambda c, d: c.sum(d, keepdim=True))
     c = logits.softmax(-1) + eps
-    c = c / (c.sum(-2, keepdim=True) + eps)
+    c = c / (total(c, -2) + eps)
     for _ in range(iters - 1):
-        c = c / (c.sum(-1, keepdim=True) + eps)
-        c = c / (c.sum(-2, keepdim=True) + eps)
+        c = c / (total(c, -1) + eps)
+        c = c / (total(c, -2) + eps)
     return c
 
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,24 +128,29 @@ def hc_mixes(x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     "Collapse the streams for a sublayer. Returns `(y [..., D], post [..., hc], comb [..., hc, hc])`."
     hc = cfg.hc_mult
-    mix = hc_mixes(x, fn, cfg.rms_norm_eps)
-    base, scale = base.float(), scale.float()
-    pre = torch.sigmoid(mix[..., :hc] * scale[0] + base[:hc]) + cfg.hc_eps
-    post = 2 * torch.sigmoid(mix[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
-    comb = (mix[..., 2 * hc:] * scale[2] + base[2 * hc:]).unflatten(-1, (hc, hc))
-    comb = sinkhorn(comb, cfg.hc_sinkhorn_iters, cfg.hc_eps)
-    y = (pre.unsqueeze(-1) * x.float()).sum(-2)
-    return y.to(x.dtype), post, comb
+    def mixes(x):
+        mix = hc_mixes(x, fn, cfg.rms_norm_eps)
+        b, s = base.float(), scale.float()
+        pre = torch.sigmoid(mix[..., :hc] * s[0] + b[:hc]) + cfg.hc_eps
+        post = 2 * torch.sigmoid(mix[..., hc:2 * hc] * s[1] + b[hc:2 * hc])
+        comb = (mix[..., 2 * hc:] * s[2] + b[2 * hc:]).unflatten(-1, (hc, hc))
+        return (pre.unsqueeze(-1) * x.float()).sum(-2).to(x.dtype), post, comb
+    y, post, comb = per_token(mixes, x, lead=x.dim() - 2)
+    return y, post, sinkhorn(comb, cfg.hc_sinkhorn_iters, cfg.hc_eps)  # elementwise and per-row softmax: batch-invariant as is
 
 def hc_post(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     "Expand back: stream j gets `post_j * out + sum_i comb[i, j] * x_i`."
-    mixed = torch.matmul(comb.transpose(-1, -2), x.float())
-    return (post.unsqueeze(-1) * out.float().unsqueeze(-2) + mixed).to(x.dtype)
+    def expand(out, x, post, comb):
+        mixed = torch.matmul(comb.transpose(-1, -2), x.float())
+        return (post.unsqueeze(-1) * out.float().unsqueeze(-2) + mixed).to(x.dtype)
+    return per_token(expand, out, x, post, comb, lead=x.dim() - 2)
 
 def hc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     "Final collapse of the streams (sigmoid weights, no Sinkhorn): `[..., hc, D] -> [..., D]`."
-    pre = torch.sigmoid(hc_mixes(x, fn, cfg.rms_norm_eps) * scale.float() + base.float()) + cfg.hc_eps
-    return (pre.unsqueeze(-1) * x.float()).sum(-2).to(x.dtype)
+    def collapse(x):
+        pre = torch.sigmoid(hc_mixes(x, fn, cfg.rms_norm_eps) * scale.float() + base.float()) + cfg.hc_eps
+        return (pre.unsqueeze(-1) * x.float()).sum(-2).to(x.dtype)
+    return per_token(collapse, x, lead=x.dim() - 2)
 
 # %% ../nbs/01_layers.ipynb #cd36069e
 def topk_stable(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -158,6 +204,11 @@ class MoE(nn.Module):
                                      for _ in range(cfg.n_routed_experts))
         self.shared_experts = Expert(cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit)
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        "`x [..., D]` (and the token ids `[...]` for hash routing) -> `[..., D]`; token by token in batch-invariant mode."
+        if input_ids is None: return per_token(lambda t: self.route(t, None), x, lead=x.dim() - 1)
+        return per_token(self.route, x, input_ids.reshape(x.shape[:-1]), lead=x.dim() - 1)
+
+    def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         weights, idx = self.gate(x, input_ids)

@@ -12,7 +12,7 @@ from torch import nn
 
 from .attention import Attention
 from .config import ModelConfig
-from .layers import MoE, RMSNorm, hc_head, hc_post, hc_pre
+from .layers import MoE, RMSNorm, hc_head, hc_post, hc_pre, per_token
 
 # %% auto #0
 __all__ = ['Block', 'Transformer', 'count_params', 'time_reference_forward']
@@ -83,8 +83,8 @@ class Transformer(nn.Module):
         return hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.cfg), out
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        "Final norm and vocabulary projection, in fp32."
-        return self.head(self.norm(h)).float()
+        "Final norm and vocabulary projection, in fp32 (token by token in batch-invariant mode)."
+        return per_token(lambda t: self.head(self.norm(t)).float(), h, lead=h.dim() - 1)
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
