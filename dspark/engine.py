@@ -22,6 +22,7 @@ from .mtp import load_mtp
 from .rejection import SpecStats, rejection_sample, truncate_at_stop
 from .speculative import DSparkProposer, MTPProposer
 from .kv_cache import PagedKVCache, SeqView, forward_cached, plan_cache, profile_line
+from .layers import batch_invariant
 from .model import Transformer
 from .sampling import SamplingParams, stream_key
 from .scheduler import KVCacheManager, Request, Scheduler, SchedulerConfig
@@ -182,7 +183,7 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 16, max_num_batched_tokens: int = 1024,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
-                 num_kv_blocks: int | None = None, attention_backend: str = "auto"):
+                 num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False):
         if speculative == "none": speculative = None
         if speculative not in (None, "dspark", "mtp"):
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
@@ -208,7 +209,7 @@ class LLM:
         proposer = (DSparkProposer(drafter, max_num_seqs, device) if speculative == "dspark" else
                     MTPProposer(drafter, max_num_seqs, K, device) if speculative == "mtp" else None)
         self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
-                                  forward=self._forward_for(attention_backend, device))
+                                  forward=self._forward_for(attention_backend, device, batch_invariant))
         back = cfg.sliding_window if drafter else 0
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
@@ -217,10 +218,15 @@ class LLM:
         if not log.hasHandlers(): print(self.profile)          # a notebook or script with no logging set up
 
     @staticmethod
-    def _forward_for(backend: str, device: str):
-        "The target forward: the reference per-request attention, or the batched Triton one (the CUDA default)."
+    def _forward_for(backend: str, device: str, invariant: bool = False):
+        """The target forward: the reference per-request attention, or the batched Triton one (the CUDA default).
+        `invariant`: the reference forward in batch-invariant mode (`dspark.batch_invariant`), so a request's
+        tokens never depend on what else shares its steps — slow, an oracle and a debugging aid."""
         if backend not in ("auto", "reference", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'reference' or 'triton', got {backend!r}")
+        if invariant:
+            if backend == "triton": raise ValueError("batch_invariant=True runs the reference forward; it cannot use attention_backend='triton'")
+            return batch_invariant()(forward_cached)
         if backend == "reference" or (backend == "auto" and not str(device).startswith("cuda")):
             return forward_cached
         from .kernels_fused import forward_batched           # imports Triton: only when it is used

@@ -323,6 +323,7 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     f("attention-backend", choices=["auto", "reference", "triton"], default="auto",
       help="auto: the batched Triton kernels on CUDA, the reference per-request path on CPU")
+    f("batch-invariant", action="store_true", help="reference forward in batch-invariant mode: a request's tokens never depend on the batch (slow)")
     f("seed", type=int, default=0)
     f("api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
     f("max-waiting-requests", type=int, default=256, help="requests allowed to wait beyond max-num-seqs before 503s")
@@ -363,7 +364,7 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     conf = dict(model=str(path), served_model_name=a.served_model_name, speculative=mode, num_speculative_tokens=K,
                 tensor_parallel_size=a.tensor_parallel_size, device=a.device, dtype=a.dtype, max_model_len=max_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, block_size=block,
-                enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, host=a.host, port=a.port,
+                enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, batch_invariant=a.batch_invariant, host=a.host, port=a.port,
                 api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests)
     plan = [f"weights on disk: {weights / 2**20:.1f} MiB ({cfg.num_hidden_layers} layers, vocab {cfg.vocab_size})"]
     if budget is None:
@@ -385,7 +386,7 @@ def build_llm(a: argparse.Namespace) -> LLM:
                max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
                gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching,
-               attention_backend=a.attention_backend)
+               attention_backend=a.attention_backend, batch_invariant=a.batch_invariant)
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)

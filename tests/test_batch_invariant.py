@@ -107,3 +107,17 @@ def test_per_token_rejects_mismatched_token_dims():
     from dspark.layers import per_token
     with pytest.raises(ValueError, match="leading token dims"):
         per_token(torch.add, torch.zeros(2, 3), torch.zeros(3, 3))
+
+
+def test_llm_batch_invariant_logprobs_do_not_depend_on_the_batch(tiny_ckpt):
+    """`LLM(batch_invariant=True)`: a request's sampled tokens and their logprobs are bitwise the same served
+    alone or beside other requests (which change every step's row counts)."""
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, 512, (n,), generator=g).tolist() for n in (9, 23, 5)]
+    sp = dspark.SamplingParams(temperature=1.0, seed=11, max_tokens=5, logprobs=2, ignore_eos=True)
+    llm = dspark.LLM(tiny_ckpt, batch_invariant=True, max_num_seqs=4, kv_cache_memory_bytes=16 * 2**20)
+    alone = llm.generate(prompts[:1], sp, use_tqdm=False)[0].outputs[0]
+    together = llm.generate(prompts, sp, use_tqdm=False)[0].outputs[0]
+    assert alone.token_ids == together.token_ids and alone.logprobs == together.logprobs
+    with pytest.raises(ValueError, match="batch_invariant"):
+        dspark.LLM(tiny_ckpt, batch_invariant=True, attention_backend="triton", kv_cache_memory_bytes=16 * 2**20)
