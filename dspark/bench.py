@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import make_tiny_checkpoint
+from .checkpoint import DEFAULT_MODEL, make_tiny_checkpoint
 from .config import CSA, HCA, ModelConfig, load_config
 from .engine import LLM
 from .model import count_params
@@ -237,7 +237,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
-    from dspark.serve import DEFAULT_MODEL
     prompts, mtp_path = None, None
     if a.model == "medium":
         path = Path(tempfile.mkdtemp()) / "medium"          # random weights: drafts are accepted only by chance

@@ -21,10 +21,13 @@ from .config import ModelConfig, load_config, save_config
 from .model import Block, Transformer
 from .quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
 
+DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "default"   # the embedded trained model (see 18_train)
+
 # %% auto #0
-__all__ = ['DTYPES', 'BOS', 'EOS', 'USER', 'ASSISTANT', 'NOISE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'CheckpointError',
-           'read_tensors', 'dequantize_state', 'check_state', 'load_target', 'save_checkpoint', 'quantize_checkpoint',
-           'draft_shapes', 'random_state', 'tiny_corpus', 'train_tokenizer', 'save_tokenizer', 'make_tiny_checkpoint']
+__all__ = ['DEFAULT_MODEL', 'DTYPES', 'BOS', 'EOS', 'USER', 'ASSISTANT', 'NOISE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
+           'CheckpointError', 'read_tensors', 'dequantize_state', 'check_state', 'load_target', 'save_checkpoint',
+           'quantize_checkpoint', 'draft_shapes', 'random_state', 'tiny_corpus', 'train_tokenizer', 'save_tokenizer',
+           'make_tiny_checkpoint']
 
 # %% ../nbs/05_checkpoint.ipynb #bbb9e5a2
 class CheckpointError(ValueError):

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import dspark
 from .async_engine import AsyncEngine, EngineDead, EngineDraining, EngineFull
+from .checkpoint import DEFAULT_MODEL
 from .engine import LLM, RequestDelta
 from .metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
@@ -35,8 +36,7 @@ from .sampling import SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'DEFAULT_MODEL', 'merged', 'sse_events', 'ServerConfig', 'Gate', 'build_app', 'parse_args', 'resolve',
-           'build_llm', 'main']
+__all__ = ['log', 'merged', 'sse_events', 'ServerConfig', 'Gate', 'build_app', 'parse_args', 'resolve', 'build_llm', 'main']
 
 # %% ../nbs/17_serve.ipynb #0fa44f4b
 async def merged(streams: list[AsyncIterator[RequestDelta]]) -> AsyncIterator[tuple[int, RequestDelta]]:
@@ -288,8 +288,6 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
     return app
 
 # %% ../nbs/17_serve.ipynb #59164004
-DEFAULT_MODEL = Path(dspark.__file__).resolve().parent / "models" / "default"
-
 def _flag(p: argparse.ArgumentParser, name: str, env: dict, **kw) -> None:
     "Add `--name`, defaulting to `DSPARK_NAME` from the environment (strings are parsed like the command line)."
     key = "DSPARK_" + name.upper().replace("-", "_")
