@@ -117,7 +117,7 @@ class KVCacheManager:
         while k < len(hs) and self.comp.lookup(hs[k]) is not None: k += 1
         while k and any(self.window.lookup(hs[j]) is None
                         for j in range(self._first_window_block(k * self.cc.block_size - self.resume_back), k)): k -= 1
-        return k
+        return k if k * self.cc.block_size >= self.resume_back else 0   # a shorter hit would resume before position 0
 
     def admit(self, req: Request) -> bool:
         "Give a waiting request a ring slot and its cached prefix. False if no slot is free."

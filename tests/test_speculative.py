@@ -267,3 +267,14 @@ def test_eos_accepted_inside_the_draft_ends_the_request(ck7):
     out = spec.generate([prompt], SamplingParams(temperature=0.0, max_tokens=30), use_tqdm=False)[0].outputs[0]
     assert out.token_ids == ref == free[: free.index(eos) + 1] and out.finish_reason == "stop"
     assert spec.spec_stats()["num_accepted_tokens"] > 0
+
+
+def test_prefix_hit_shorter_than_the_drafter_window_is_not_used(ck7):
+    """With a drafter, a prefix-cache hit resumes `sliding_window` positions before its end (the draft context
+    needs target features there). A hit shorter than that (here 32 cached tokens, window 64, 16-token blocks)
+    must not be used — resuming before position 0 broke the step — and the repeat gives the cold run's tokens."""
+    prompt = _prompts(1, seed=21, lo=40, hi=41)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    llm = LLM(ck7, speculative="dspark", num_speculative_tokens=3, block_size=16, **KV)
+    cold = _ids(llm.generate([prompt], sp, use_tqdm=False))
+    assert _ids(llm.generate([prompt], sp, use_tqdm=False)) == cold
