@@ -104,7 +104,8 @@ def prefill_run(path, length: int, device: str, dtype: str, backend: str = "auto
               kv_cache_memory_bytes=max(2**30, int(length * 64 * 1024)))
     g = torch.Generator().manual_seed(length)
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    llm.generate([torch.randint(2, vocab or cfg.vocab_size, (min(length, 256),), generator=g).tolist()], one, use_tqdm=False)
+    # warm up at the same length: Triton specialises kernels on sizes, and a first compile must not be timed
+    llm.generate([torch.randint(2, vocab or cfg.vocab_size, (length,), generator=g).tolist()], one, use_tqdm=False)
     prompt = torch.randint(2, vocab or cfg.vocab_size, (length,), generator=g).tolist()
     _sync(device); t0 = time.perf_counter()
     llm.generate([prompt], one, use_tqdm=False); _sync(device)
