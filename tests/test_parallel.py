@@ -33,20 +33,13 @@ def _ref(ck):
 
 
 @pytest.fixture(scope="module")
-def ckd(tmp_path_factory):
-    return dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("tp_dspark"), preset="tiny", seed=3, drafter="dspark")
+def ckd(tiny_ckpt):
+    return tiny_ckpt                                           # conftest's: tiny, fp32, DSpark drafter
 
 
 @pytest.fixture(scope="module")
 def ref_none(ckd):
     return _ref(ckd)
-
-
-@pytest.fixture(scope="module")
-def tp_dspark(ckd):
-    llm = dspark.LLM(ckd, speculative="dspark", num_speculative_tokens=2, tensor_parallel_size=2, **KV)
-    yield llm
-    llm.close()
 
 
 def _perturb_logits(llm):
@@ -55,6 +48,15 @@ def _perturb_logits(llm):
     forward = llm.runner.forward
     llm.runner.forward = lambda *a: [lg + 10 * torch.randn_like(lg) for lg in forward(*a)]
     llm.runner.perturbed = True
+
+
+@pytest.fixture(scope="module")
+def tp_dspark(ckd):
+    "One TP=2 DSpark engine for the module (spawning is slow), with rank 1's logits perturbed from the start."
+    llm = dspark.LLM(ckd, speculative="dspark", num_speculative_tokens=2, tensor_parallel_size=2, **KV)
+    llm.run_on_ranks(_perturb_logits)
+    yield llm
+    llm.close()
 
 
 def test_bad_sizes_are_refused_before_workers_start(ckd):
@@ -68,7 +70,8 @@ def test_bad_sizes_are_refused_before_workers_start(ckd):
     assert multiprocessing.active_children() == []
 
 
-def test_dspark_tp2_greedy_identical(ckd, ref_none, tp_dspark):
+def test_dspark_tp2_greedy_identical_despite_a_perturbed_rank(ref_none, tp_dspark):
+    "Rank 1 samples from noisy logits, yet the tokens are TP=1's: every rank applies rank 0's decisions."
     assert _ids(tp_dspark.generate(PROMPTS, SP, use_tqdm=False)) == ref_none
     assert tp_dspark.spec_stats()["num_drafts"] > 0
 
@@ -80,14 +83,8 @@ def test_tp2_logits_match_unsharded(ckd, tp_dspark):
     assert tp.shape == ref.shape and (tp - ref).abs().max().item() < 1e-5
 
 
-def test_rank0_decisions_win_over_a_perturbed_rank(ref_none, tp_dspark):
-    tp_dspark.run_on_ranks(_perturb_logits)
-    assert _ids(tp_dspark.generate(PROMPTS, SP, use_tqdm=False)) == ref_none
-
-
 def test_debug_mode_names_the_divergence(tp_dspark):        # last use of the module's TP LLM: it breaks the group
-    tp_dspark.run_on_ranks(_perturb_logits)
-    tp_dspark.set_tp_debug(True)
+    tp_dspark.set_tp_debug(True)                              # no broadcast: each rank keeps its own decisions
     with pytest.raises(TPDivergence, match=r"step \d+: accepted tokens of request '\d+' differ across ranks: rank 0: .*; rank 1: "):
         tp_dspark.generate(PROMPTS, SP, use_tqdm=False)
     with pytest.raises(TPError, match="unusable"):
@@ -109,7 +106,7 @@ def test_mtp_tp2_greedy_identical_and_no_orphans(tmp_path):
 
 def test_env_rendezvous_two_processes(ckd, ref_none):
     "What torchrun does: two processes, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, rendezvous over env://."
-    with socket.socket() as s:
+    with socket.socket() as s:                                # a free port (torchrun would pick --master-port)
         s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     root = Path(dspark.__file__).parents[1]
     cmd = [sys.executable, "-m", "dspark.tp_engine", "--model", str(ckd), "--tensor-parallel-size", "2",
