@@ -32,12 +32,13 @@ from .sampling import SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'ENV_DEBUG', 'ENV_TIMEOUT', 'IDLE', 'TPError', 'Rendezvous', 'torchrun_rendezvous', 'check_devices', 'TPLLM',
-           'main']
+__all__ = ['log', 'ENV_DEBUG', 'ENV_TIMEOUT', 'IDLE', 'STARTUP_S', 'TPError', 'Rendezvous', 'torchrun_rendezvous',
+           'check_devices', 'TPLLM', 'main']
 
 # %% ../nbs/23_tp_engine.ipynb #de08343b
 ENV_DEBUG, ENV_TIMEOUT = "DSPARK_TP_DEBUG", "DSPARK_TP_TIMEOUT"
 IDLE = timedelta(days=7)          # how long a follower may wait for rank 0's next step
+STARTUP_S = 900.0                 # how long ranks may take to start (import torch, read and shard the weights)
 
 class TPError(RuntimeError):
     "A tensor-parallel group failed: a rank did not start, died, or a collective timed out."
@@ -64,6 +65,9 @@ def _is_comm_error(e: BaseException) -> bool:
     return isinstance(e, dist.DistError) or any(s in msg for s in ("Timed out", "timed out", "Connection closed",
                                                                   "Connection reset", "NCCL", "gloo"))
 
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
 def _watch_parent(interval: float = 0.5) -> None:
     "In a spawned worker: exit when the parent process is gone (it cannot send 'stop' if it was killed)."
     parent = os.getppid()
@@ -81,7 +85,7 @@ class _Group:
     objs: object = None                          # decisions (collective time-out)
     procs: list = field(default_factory=list)    # spawned workers (rank 0 only)
     owns_pg: bool = False
-    broken: BaseException | None = None
+    broken: str | None = None                    # why the group is unusable (text: no frames kept alive)
     closed: bool = False
 
     def send(self, msg) -> None:
@@ -122,7 +126,7 @@ def _await_workers(store, procs: list, timeout: float) -> None:
             if not p.is_alive():
                 raise TPError(f"tensor-parallel rank {r} exited with code {p.exitcode} during start-up (its error is printed above)")
         if time.monotonic() - t0 > timeout:
-            raise TPError(f"tensor-parallel ranks did not start within {timeout:g} s ({ENV_TIMEOUT})")
+            raise TPError(f"tensor-parallel ranks did not start within {timeout:g} s")
         time.sleep(0.05)
 
 def _follower_main(rdv: Rendezvous, args: tuple, kwargs: dict) -> None:
@@ -159,7 +163,7 @@ class TPLLM(LLM):
             torch.cuda.set_device(self.local_rank); a["device"] = f"cuda:{self.local_rank}"
         try: self._join(rdv, args, {**kwargs, "tp_debug": self.debug, "tp_timeout": timeout}, device)
         except BaseException as e:
-            self._group.broken = e; self.close(); raise
+            self._group.broken = _why(e); self.close(); raise
         if self.rank and not log.hasHandlers(): log.addHandler(logging.NullHandler())
         err = None
         try: super().__init__(**a)
@@ -191,7 +195,7 @@ class TPLLM(LLM):
                     p = ctx.Process(target=tp_engine._follower_main, daemon=True, name=f"dspark-tp-rank{r}",
                                     args=(Rendezvous(r, self.world, r, "127.0.0.1", store.port), args, kwargs))
                     p.start(); g.procs.append(p)
-                _await_workers(store, g.procs, g.timeout)
+                _await_workers(store, g.procs, max(g.timeout, STARTUP_S))
             else:
                 store = dist.TCPStore(rdv.host, rdv.port, self.world, is_master=False, timeout=t)
                 store.set(f"dspark/up/{rdv.rank}", "1")
@@ -208,9 +212,10 @@ class TPLLM(LLM):
     def _startup_agreed(self, err: Exception | None) -> None:
         "Every rank learns whether every rank built its engine; rank 0 raises the first failure."
         errs = [None] * self.world
-        dist.all_gather_object(errs, None if err is None else f"{type(err).__name__}: {err}", group=self._group.objs)
+        msg = None if err is None else f"{type(err).__name__}: {err}"
+        dist.all_gather_object(errs, msg, group=self._group.ctrl)      # loading may take long: the idle time-out
         if any(errs):
-            self._group.broken = err or TPError("start-up failed on another rank")
+            self._group.broken = _why(err) if err else "start-up failed on another rank"
             self.close()
             if err is not None and self.rank == 0: raise err
             if self.rank == 0:
@@ -263,9 +268,9 @@ class TPLLM(LLM):
         if g.broken is not None: raise TPError(f"the tensor-parallel group is unusable after an earlier failure: {g.broken}")
         if g.closed: raise TPError("the tensor-parallel LLM is closed")
         try: return fn(*args)
-        except TPDivergence as e: g.broken = e; raise
+        except TPDivergence as e: g.broken = _why(e); raise
         except Exception as e:
-            g.broken = e
+            g.broken = _why(e)
             if _is_comm_error(e):
                 raise TPError(f"tensor-parallel rank {self.rank}: a collective did not complete within {g.timeout:g} s "
                               f"({ENV_TIMEOUT}) or a peer left: a rank died, hung, or took a different path. Cause: {e}") from e
@@ -287,7 +292,7 @@ class TPLLM(LLM):
                         if d.finished: self._tracks.pop(d.request_id, None)
                 else: msg[1](self, *msg[2])
         except Exception as e:
-            g.broken, code = e, 1
+            g.broken, code = _why(e), 1
             log.error("tensor-parallel rank %d stops: %s: %s", self.rank, type(e).__name__, e)
         finally: self.close()
         raise SystemExit(code)

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,12 @@ def tp_dspark(ckd):
     llm.close()
 
 
+def _stall_rank1(llm, seconds):
+    "Rank 1 stops answering for a while, then both ranks run a forward (whose all-reduces rank 0 waits on)."
+    if llm.rank == 1: time.sleep(seconds)
+    llm.model.logits(torch.tensor([[1, 2, 3]]))
+
+
 def test_bad_sizes_are_refused_before_workers_start(ckd):
     with pytest.raises(ValueError, match=r"tensor_parallel_size=3 must divide num_attention_heads=8, o_groups=4"):
         dspark.LLM(ckd, tensor_parallel_size=3)
@@ -94,11 +101,13 @@ def test_debug_mode_names_the_divergence(tp_dspark):        # last use of the mo
     assert procs and not any(p.is_alive() for p in procs)
 
 
-def test_mtp_tp2_greedy_identical_and_no_orphans(tmp_path):
+def test_mtp_tp2_greedy_identical_time_out_and_no_orphans(tmp_path):
     ck = dspark.make_tiny_checkpoint(tmp_path, preset="tiny", seed=3, drafter="mtp")
-    llm = dspark.LLM(ck, speculative="mtp", num_speculative_tokens=2, tensor_parallel_size=2, **KV)
+    llm = dspark.LLM(ck, speculative="mtp", num_speculative_tokens=2, tensor_parallel_size=2, tp_timeout=20, **KV)
     assert _ids(llm.generate(PROMPTS, SP, use_tqdm=False)) == _ref(ck)
     assert llm.spec_stats()["num_drafts"] > 0
+    with pytest.raises(TPError, match="did not complete within 20 s"):   # a stuck rank: an error, not a hang
+        llm.run_on_ranks(_stall_rank1, 40)
     procs = llm._group.procs
     del llm; gc.collect()                                     # garbage collection stops the workers
     assert not any(p.is_alive() for p in procs)
