@@ -79,7 +79,7 @@ class _Track:
     logprobs: list = field(default_factory=list)
 
 # %% ../nbs/10_engine.ipynb #99a4e012
-def _same(decision):
+def _same(decision, what: str = "decision"):
     "The single-process `canon`: a decision is already canonical."
     return decision
 
@@ -113,7 +113,7 @@ class ModelRunner:
             lp = (None if r.params.logprobs is None else
                   [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)])
             decided[r.request_id] = (k, a, toks, lp)
-        decided = self.canon(decided)                              # under TP: rank 0's outcome, on every rank
+        decided = self.canon(decided, "accepted tokens")           # under TP: rank 0's outcome, on every rank
         out, logprobs = {}, {}
         for i, (r, n) in enumerate(batch):
             if r.request_id not in decided: continue
@@ -124,7 +124,7 @@ class ModelRunner:
             if lp is not None: logprobs[r.request_id] = lp
             if pr: self._propose(r, feats[i][:known + a], self._positions(r, known + a), toks)
         if pr and decided:
-            drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided})
+            drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided}, "drafts")
             for r, _ in batch:
                 if r.request_id in drafts: r.drafts = drafts[r.request_id]
         return out, logprobs
@@ -177,7 +177,15 @@ def default_block_size(cfg) -> int:
     return lcm * math.ceil(64 / lcm)
 
 class LLM:
-    "Offline batch generation, vLLM-style: `LLM(model=path).generate(prompts, SamplingParams(...))`."
+    """Offline batch generation, vLLM-style: `LLM(model=path).generate(prompts, SamplingParams(...))`.
+    With `tensor_parallel_size=N > 1` the object is a `dspark.tp_engine.TPLLM`: this process is rank 0."""
+    def __new__(cls, *args, **kwargs):
+        tp = kwargs.get("tensor_parallel_size", args[5] if len(args) > 5 else 1)   # 6th parameter of __init__
+        if cls is LLM and tp != 1:
+            from dspark.tp_engine import TPLLM
+            return super().__new__(TPLLM)
+        return super().__new__(cls)
+
     def __init__(self, model: str | Path, speculative: str | None = None, num_speculative_tokens: int | None = None,
                  device: str = "cpu", dtype: str = "float32", tensor_parallel_size: int = 1, seed: int = 0,
                  max_model_len: int | None = None, max_num_seqs: int = 16, max_num_batched_tokens: int = 1024,
@@ -187,16 +195,15 @@ class LLM:
         if speculative == "none": speculative = None
         if speculative not in (None, "dspark", "mtp"):
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
-        if tensor_parallel_size != 1:
-            raise NotImplementedError(f"tensor_parallel_size={tensor_parallel_size}: only 1 is supported in this version")
-        self.model = load_target(model, device=device, dtype=dtype)
+        if tensor_parallel_size != getattr(self, "world", 1):
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs dspark.LLM itself (it starts the ranks)")
+        self.model = self._load_target(model, device, dtype)
         self.tokenizer = Tokenizer.from_dir(model)
         cfg, self.seed, self._count = self.model.cfg, seed, 0
         self._tracks: dict[str, _Track] = {}
         self.model_path, self.speculative = Path(model), speculative
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
-        drafter = (load_drafter(model, self.model) if speculative == "dspark" else
-                   load_mtp(model, self.model) if speculative == "mtp" else None)
+        drafter = self._load_drafter(model, speculative)
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         if self.max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
@@ -216,6 +223,18 @@ class LLM:
         self.profile = profile_line(cfg, cc, self.max_model_len)
         log.info(self.profile)
         if not log.hasHandlers(): print(self.profile)          # a notebook or script with no logging set up
+
+    def _load_target(self, path, device: str, dtype: str) -> Transformer:
+        "The target model (a seam: tensor parallelism loads, shards, then places it)."
+        return load_target(path, device=device, dtype=dtype)
+
+    def _load_drafter(self, path, speculative: str | None):
+        "The drafter of a speculative mode, on the target's device (None without speculative decoding)."
+        return (load_drafter(path, self.model) if speculative == "dspark" else
+                load_mtp(path, self.model) if speculative == "mtp" else None)
+
+    def close(self) -> None:
+        "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."
 
     @staticmethod
     def _forward_for(backend: str, device: str, invariant: bool = False):
@@ -284,12 +303,16 @@ class LLM:
             r = by_id[rid]
             toks = truncate_at_stop(toks, self._stop_ids(r.params))
             outcome[rid] = (adv, toks[: r.params.max_tokens - len(r.output_ids)])
-        deltas = []
-        for r in self.scheduler.update(batch, outcome):
+        updated, reasons, deltas = self.scheduler.update(batch, outcome), {}, []
+        for r in updated:
             new, rid = outcome[r.request_id][1], r.request_id
             t = self._tracks[rid]
             if rid in logprobs: t.logprobs += logprobs[rid][: len(new)]
-            reason = self._advance(t, new)
+            reasons[rid] = self._advance(t, new)
+        reasons = self.runner.canon(reasons, "stop decisions")      # under TP: rank 0's, on every rank
+        for r in updated:
+            new, rid, reason = outcome[r.request_id][1], r.request_id, reasons[r.request_id]
+            t = self._tracks[rid]
             if reason: self.scheduler.finish(r, reason); self.runner.forget(rid)
             end = len(t.text) if reason else max(t.sent, len(t.text) - t.holdback)
             deltas.append(RequestDelta(rid, new, t.text[t.sent:end], logprobs.get(rid, [])[: len(new)] or None,

@@ -346,13 +346,16 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     from dspark.config import load_config
     from dspark.engine import default_block_size, speculative_depth
     from dspark.kv_cache import plan_cache, profile_line
+    from dspark.parallel import check_tp_size
     import torch
     path = Path(a.model)
     if not (path / "config.json").is_file(): raise SystemExit(f"error: --model {path}: no config.json there")
     cfg = load_config(path / "config.json")
     mode = a.speculative
     if mode == "auto": mode = "dspark" if cfg.dspark_block_size is not None else "none"
-    try: K = speculative_depth(cfg, None if mode == "none" else mode, a.num_speculative_tokens, path)
+    try:
+        K = speculative_depth(cfg, None if mode == "none" else mode, a.num_speculative_tokens, path)
+        check_tp_size(cfg, a.tensor_parallel_size)
     except ValueError as e: raise SystemExit(f"error: {e}") from None
     max_len = a.max_model_len or cfg.max_position_embeddings
     block = a.block_size or default_block_size(cfg)

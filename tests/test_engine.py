@@ -138,8 +138,8 @@ def test_profile_line_medium_matches_formula():
 def test_unsupported_modes_are_refused(tiny_ckpt):
     with pytest.raises(ValueError, match="speculative"):
         LLM(tiny_ckpt, speculative="eagle")
-    with pytest.raises(NotImplementedError, match="tensor_parallel_size"):
-        LLM(tiny_ckpt, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide num_attention_heads=8"):
+        LLM(tiny_ckpt, tensor_parallel_size=3)          # refused before any worker starts
 
 
 def test_chat_uses_the_template(llm):

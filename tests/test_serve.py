@@ -287,7 +287,7 @@ def test_launcher_environment_and_dry_run(tiny_ckpt):
                                 "--num-speculative-tokens", "4"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert '"num_speculative_tokens": 4' in flag_wins.stdout
     for bad, msg in ((["--num-speculative-tokens", "9"], "num_speculative_tokens"), (["--speculative", "eagle"], "invalid choice"),
-                     (["--model", "/nonexistent"], "config.json")):
+                     (["--model", "/nonexistent"], "config.json"), (["--tensor-parallel-size", "3"], "must divide")):
         r = subprocess.run([sys.executable, "-m", "dspark.serve", "--model", str(tiny_ckpt), "--dry-run", *bad],
                            capture_output=True, text=True, env={"PATH": ""}, cwd=ROOT, timeout=120)
         assert r.returncode != 0 and msg in r.stderr + r.stdout

@@ -1,0 +1,135 @@
+"""Tensor parallelism on CPU/gloo: TP=2 reproduces TP=1 (tokens for none/mtp/dspark, logits within 1e-5), rank 0's
+decisions win over a perturbed rank, debug mode names a divergence instead of hanging, an env:// (torchrun-style)
+launch of two processes works, bad sizes are refused before any worker starts, and workers do not outlive the LLM."""
+import gc
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import dspark
+from dspark.parallel import TPDivergence
+from dspark.sampling import SamplingParams
+from dspark.tp_engine import TPError
+
+KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+SP = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9, 10], list(range(20, 60))]          # short, and past the CSA (4) and HCA (16) windows
+
+
+def _ids(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _ref(ck):
+    "TP=1 greedy tokens without drafts (speculative greedy decoding is token-identical to it: test_speculative.py)."
+    return _ids(dspark.LLM(ck, **KV).generate(PROMPTS, SP, use_tqdm=False))
+
+
+@pytest.fixture(scope="module")
+def ckd(tiny_ckpt):
+    return tiny_ckpt                                           # conftest's: tiny, fp32, DSpark drafter
+
+
+@pytest.fixture(scope="module")
+def ref_none(ckd):
+    return _ref(ckd)
+
+
+def _perturb_logits(llm):
+    "On rank 1 only: noisy target logits, so rank 1 samples and accepts different tokens than rank 0 would."
+    if llm.rank != 1 or getattr(llm.runner, "perturbed", False): return
+    forward = llm.runner.forward
+    llm.runner.forward = lambda *a: [lg + 10 * torch.randn_like(lg) for lg in forward(*a)]
+    llm.runner.perturbed = True
+
+
+@pytest.fixture(scope="module")
+def tp_dspark(ckd):
+    "One TP=2 DSpark engine for the module (spawning is slow), with rank 1's logits perturbed from the start."
+    llm = dspark.LLM(ckd, speculative="dspark", num_speculative_tokens=2, tensor_parallel_size=2, **KV)
+    llm.run_on_ranks(_perturb_logits)
+    yield llm
+    llm.close()
+
+
+def _stall_rank1(llm, seconds):
+    "Rank 1 stops answering for a while, then both ranks run a forward (whose all-reduces rank 0 waits on)."
+    if llm.rank == 1: time.sleep(seconds)
+    llm.model.logits(torch.tensor([[1, 2, 3]]))
+
+
+def test_bad_sizes_are_refused_before_workers_start(ckd):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 must divide num_attention_heads=8, o_groups=4"):
+        dspark.LLM(ckd, tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="positive integer"):
+        dspark.LLM(ckd, tensor_parallel_size=0)
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ValueError, match="needs 2 GPUs"):
+            dspark.LLM(ckd, tensor_parallel_size=2, device="cuda")
+    assert multiprocessing.active_children() == []
+
+
+def test_dspark_tp2_greedy_identical_despite_a_perturbed_rank(ref_none, tp_dspark):
+    "Rank 1 samples from noisy logits, yet the tokens are TP=1's: every rank applies rank 0's decisions."
+    assert _ids(tp_dspark.generate(PROMPTS, SP, use_tqdm=False)) == ref_none
+    assert tp_dspark.spec_stats()["num_drafts"] > 0
+
+
+def test_tp2_logits_match_unsharded(ckd, tp_dspark):
+    ids = torch.tensor([PROMPTS[1]])
+    ref = dspark.load_target(ckd).logits(ids)
+    tp = tp_dspark.logits(ids)
+    assert tp.shape == ref.shape and (tp - ref).abs().max().item() < 1e-5
+
+
+def test_debug_mode_names_the_divergence(tp_dspark):        # last use of the module's TP LLM: it breaks the group
+    tp_dspark.set_tp_debug(True)                              # no broadcast: each rank keeps its own decisions
+    with pytest.raises(TPDivergence, match=r"step \d+: accepted tokens of request '\d+' differ across ranks: rank 0: .*; rank 1: "):
+        tp_dspark.generate(PROMPTS, SP, use_tqdm=False)
+    with pytest.raises(TPError, match="unusable"):
+        tp_dspark.generate(PROMPTS, SP, use_tqdm=False)
+    procs = tp_dspark._group.procs
+    tp_dspark.close()
+    assert procs and not any(p.is_alive() for p in procs)
+
+
+def test_mtp_tp2_greedy_identical_time_out_and_no_orphans(tmp_path):
+    ck = dspark.make_tiny_checkpoint(tmp_path, preset="tiny", seed=3, drafter="mtp")
+    llm = dspark.LLM(ck, speculative="mtp", num_speculative_tokens=2, tensor_parallel_size=2, tp_timeout=20, **KV)
+    assert _ids(llm.generate(PROMPTS, SP, use_tqdm=False)) == _ref(ck)
+    assert llm.spec_stats()["num_drafts"] > 0
+    with pytest.raises(TPError, match="did not complete within 20 s"):   # a stuck rank: an error, not a hang
+        llm.run_on_ranks(_stall_rank1, 40)
+    procs = llm._group.procs
+    del llm; gc.collect()                                     # garbage collection stops the workers
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_env_rendezvous_two_processes(ckd, ref_none):
+    "What torchrun does: two processes, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, rendezvous over env://."
+    with socket.socket() as s:                                # a free port (torchrun would pick --master-port)
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    root = Path(dspark.__file__).parents[1]
+    cmd = [sys.executable, "-m", "dspark.tp_engine", "--model", str(ckd), "--tensor-parallel-size", "2",
+           "--prompt-ids", json.dumps(PROMPTS), "--max-tokens", str(SP.max_tokens), "--ignore-eos"]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try: outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None: p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    got = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert [g["token_ids"] for g in got] == ref_none
+    assert outs[1][0].strip() == ""                           # only rank 0 reports
