@@ -140,7 +140,7 @@ def test_sampled_distribution_with_capacity(tmp_path):
                          depth_window=1)
     spec = LLM(ck, speculative="dspark", num_speculative_tokens=3, max_num_seqs=64, max_num_batched_tokens=1024,
                kv_cache_memory_bytes=64 * 2**20, capacity=cap)
-    N = 600
+    N = 400
     outs = spec.generate([prompt] * N, [SamplingParams(temperature=1.0, max_tokens=4, seed=s, ignore_eos=True) for s in range(N)],
                          use_tqdm=False)
     x = torch.tensor([o.outputs[0].token_ids[:2] for o in outs])
@@ -232,12 +232,12 @@ def test_auto_profile_and_metrics(ck7):
 
 def test_serve_flags(ck7):
     from dspark.serve import capacity_config, parse_args, resolve
-    a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(16 * 2**20)],
+    a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20)],
                    env={"DSPARK_CAPACITY": "lagged", "DSPARK_CAPACITY_ACTIVATION": "2", "DSPARK_ONLINE_STS": "0"})
     conf, _ = resolve(a)
     assert conf["capacity"]["policy"] == "lagged" and conf["capacity"]["activation"] == 2 and not conf["capacity"]["online_sts"]
     with pytest.raises(SystemExit): parse_args(["--capacity-threshold", "2", "--capacity", "threshold"], env={})
-    a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(16 * 2**20), "--capacity", "off"], env={})
+    a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20), "--capacity", "off"], env={})
     assert resolve(a)[0]["capacity"] is None and capacity_config(a) is None
 
 
