@@ -59,7 +59,7 @@ class DSparkProposer:
 
     def propose(self, slot: int, rid: str, anchor: int, P: int, n: int, params, seed: int):
         ctx = self.ctx.gather(slot, P)
-        drafts, q, conf = self.drafter.propose(anchor, P, ctx, params, seed)
+        drafts, q, conf = self.drafter.propose(anchor, P, ctx, params, seed, n)   # the Markov loop stops at n
         if self.confidence is not None: self.confidence[rid] = (conf[:n], len(ctx[0]) == min(P, self.ctx.w))
         return drafts[:n], q[:n]
 

@@ -190,6 +190,10 @@ def test_calibration_records_only_controlled_aligned_rounds(ck7):
     pr.ctx.insert(3, torch.zeros(7, m), torch.arange(7))
     pr.propose(3, "fresh", 9, 7, 3, sp, 0)
     assert pr.confidence["fresh"][1] is True
+    # a shallower physical depth runs fewer Markov steps and drafts the same prefix (noise keyed by position)
+    t1 = SamplingParams(temperature=1.0)
+    (full, qf), (short, qs) = pr.propose(3, "fresh", 9, 7, 6, t1, 4), pr.propose(3, "fresh", 9, 7, 2, t1, 4)
+    assert short == full[:2] and torch.equal(qs, qf[:2]) and len(pr.confidence["fresh"][0]) == 2
 
 
 # ---------------------------------------------------------------- configuration, files, metrics, sweep
