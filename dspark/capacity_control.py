@@ -288,6 +288,7 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
                              per_user_tok_s=tokens / dt / c, drafts=drafts,
                              draft_tokens=after["num_draft_tokens"] - before["num_draft_tokens"],
                              mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
+                             activation=llm.runner.capacity.activation if llm.runner.capacity else None,
                              **{k: cap1[k] - cap0[k] for k in cap0}))
         del llm; gc.collect()
         if cuda: torch.cuda.empty_cache()
