@@ -125,21 +125,22 @@ class DSparkDrafter(nn.Module):
         return logits, conf[0]
 
     def markov_sample(self, U: torch.Tensor, h: torch.Tensor, anchor: int, params: SamplingParams, seed: int,
-                      P: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+                      P: int, n: int | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Sample the block left to right. Returns drafts `x₁…x_γ`, their distributions `q [γ, V]` (after the
-        same temperature/top-k/top-p processing the target gets; one-hot when greedy) and confidence logits."""
+        same temperature/top-k/top-p processing the target gets; one-hot when greedy) and confidence logits.
+        With `n`, only the first `n` positions are sampled (the same tokens: each position's noise is keyed by it)."""
         prev, toks, qs, confs = anchor, [], [], []
-        for k in range(self.block_size):
+        for k in range(self.block_size if n is None else min(n, self.block_size)):
             lg, cf = self.markov(U[k:k + 1], h[k:k + 1], torch.tensor([prev], device=U.device))
             prev, q = draft_sample(lg[0], params, seed, P + k + 1)
             toks.append(prev); qs.append(q); confs.append(cf[0])
         return toks, torch.stack(qs), torch.stack(confs)
 
     @torch.no_grad()
-    def propose(self, anchor: int, P: int, ctx: list[torch.Tensor], params: SamplingParams, seed: int):
-        "One round: drafts, their `q`, and confidence logits for the block anchored at position `P`."
+    def propose(self, anchor: int, P: int, ctx: list[torch.Tensor], params: SamplingParams, seed: int, n: int | None = None):
+        "One round: drafts, their `q`, and confidence logits for the block anchored at position `P` (the first `n`)."
         h = self.block_forward(anchor, P, ctx)
-        return self.markov_sample(self.base_logits(h), h, anchor, params, seed, P)
+        return self.markov_sample(self.base_logits(h), h, anchor, params, seed, P, n)
 
 # %% ../nbs/11_drafter.ipynb #9aa3914e
 def load_drafter(path, target: Transformer) -> DSparkDrafter:

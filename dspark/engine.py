@@ -21,6 +21,7 @@ from .drafter import load_drafter
 from .mtp import load_mtp
 from .rejection import SpecStats, rejection_sample, truncate_at_stop
 from .speculative import DSparkProposer, MTPProposer
+from .capacity_control import CapacityConfig, CapacityController
 from .kv_cache import PagedKVCache, SeqView, forward_cached, plan_cache, profile_line
 from .layers import batch_invariant
 from .model import Transformer
@@ -89,6 +90,7 @@ class ModelRunner:
                  forward: Callable = forward_cached, canon: Callable = _same):
         self.model, self.cache, self.proposer, self.K, self.max_model_len = model, cache, proposer, num_spec, max_model_len
         self.forward, self.canon = forward, canon
+        self.capacity = None                           # a capacity_control.CapacityController, when enabled
         self.q: dict[str, torch.Tensor] = {}          # draft distributions of each request's pending drafts
         self.stats = SpecStats()
 
@@ -120,6 +122,7 @@ class ModelRunner:
             k, a, toks, lp = decided[r.request_id]
             known = n - k
             if k: self.stats.record(k, a)
+            if k and self.capacity: self.capacity.observe(r.request_id, k, a)
             out[r.request_id] = (known + a, toks)
             if lp is not None: logprobs[r.request_id] = lp
             if pr: self._propose(r, feats[i][:known + a], self._positions(r, known + a), toks)
@@ -127,6 +130,7 @@ class ModelRunner:
             drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided}, "drafts")
             for r, _ in batch:
                 if r.request_id in drafts: r.drafts = drafts[r.request_id]
+            if self.capacity: self.capacity.apply([r for r, _ in batch if r.request_id in drafts], self)
         return out, logprobs
 
     def _positions(self, r: Request, k: int) -> torch.Tensor:
@@ -136,7 +140,8 @@ class ModelRunner:
         "Show the drafter the newly committed positions, then draft the next round at the new anchor."
         self.proposer.observe(r.slot, r.request_id, feats, positions, r.all_ids + toks)
         P = int(positions[-1]) + 1                                 # the anchor toks[-1] sits at P
-        room = min(self.K, self.max_model_len - 1 - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
+        depth = self.capacity.depth if self.capacity else self.K
+        room = min(depth, self.max_model_len - 1 - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
         r.drafts = []
         if room > 0:
             r.drafts, self.q[r.request_id] = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
@@ -144,6 +149,7 @@ class ModelRunner:
     def forget(self, request_id: str) -> None:
         "A finished or aborted request's pending draft distribution is dropped."
         self.q.pop(request_id, None)
+        if self.capacity: self.capacity.forget(request_id)
 
     @staticmethod
     def _logprobs(row: torch.Tensor, tok: int, top: int) -> dict[int, float]:
@@ -191,8 +197,12 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 16, max_num_batched_tokens: int = 1024,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
-                 num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False):
+                 num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
+                 capacity: str | CapacityConfig | None = None):
         if speculative == "none": speculative = None
+        capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
+        if capacity is not None and speculative != "dspark":
+            raise ValueError(f"capacity control needs the DSpark confidence head (speculative='dspark'), got speculative={speculative!r}")
         if speculative not in (None, "dspark", "mtp"):
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
         if tensor_parallel_size != getattr(self, "world", 1):
@@ -216,7 +226,9 @@ class LLM:
         proposer = (DSparkProposer(drafter, max_num_seqs, device) if speculative == "dspark" else
                     MTPProposer(drafter, max_num_seqs, K, device) if speculative == "mtp" else None)
         self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
-                                  forward=self._forward_for(attention_backend, device, batch_invariant))
+                                  forward=self._forward_for(attention_backend, device, batch_invariant),
+                                  canon=self._decision_canon())
+        if capacity is not None: self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
@@ -235,6 +247,10 @@ class LLM:
 
     def close(self) -> None:
         "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."
+
+    def _decision_canon(self):
+        "How host decisions become canonical: as they are on one process; rank 0's broadcast under TP (`TPLLM`)."
+        return _same
 
     @staticmethod
     def _forward_for(backend: str, device: str, invariant: bool = False):

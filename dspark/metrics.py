@@ -65,6 +65,15 @@ class EngineMetrics:
         self.accepted = c("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens")
         self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens at each draft position",
                                L + ["position"], registry=r)
+        self.cap_active = g("dspark:capacity_active", "1 when capacity control ran on the last step, 0 when bypassed")
+        self.cap_depth = g("dspark:draft_depth", "Drafts proposed per request (the physical draft depth)")
+        self.cap_verify = g("dspark:capacity_verify_tokens", "Verify-batch tokens of the last controlled step")
+        self.cap_graph = g("dspark:capacity_graph_tokens", "Graph bucket of the last controlled step (0: eager)")
+        self.cap_proposed = c("dspark:capacity_proposed_drafts", "Drafts proposed on controlled steps")
+        self.cap_kept = c("dspark:capacity_kept_drafts", "Drafts kept for verification on controlled steps")
+        self.cap_padded = c("dspark:capacity_padded_tokens", "Tokens the graph buckets pad controlled steps with")
+        self.cap_by_kept = Counter("dspark:capacity_requests_by_kept_drafts", "Requests by drafts kept", L + ["kept"], registry=r)
+        self._cap_seen: dict = {"proposed": 0, "kept": 0, "padded": 0, "hist": []}
         self._seen, self._logged, self._last_log = _Seen(), _Seen(), time.monotonic()
 
     def observe_engine(self, llm) -> None:
@@ -82,6 +91,21 @@ class EngineMetrics:
             if k >= len(seen.per_pos): seen.per_pos.append(0)
             child = self.per_pos.labels(self.model_name, str(k))   # exported from 0 once the position exists
             if n > seen.per_pos[k]: child.inc(n - seen.per_pos[k]); seen.per_pos[k] = n
+        cap = getattr(llm.runner, "capacity", None)
+        if cap is not None: self._observe_capacity(cap)
+
+    def _observe_capacity(self, cap) -> None:
+        "Capacity-control gauges and counters (`capacity_control.CapacityStats`)."
+        cs, seen = cap.stats, self._cap_seen
+        self.cap_active.set(int(cs.active)); self.cap_depth.set(cap.depth)
+        self.cap_verify.set(cs.verify_tokens); self.cap_graph.set(cs.bucket)
+        for counter, name in ((self.cap_proposed, "proposed"), (self.cap_kept, "kept"), (self.cap_padded, "padded_tokens")):
+            key = name.split("_")[0]
+            if getattr(cs, name) > seen[key]: counter.inc(getattr(cs, name) - seen[key]); seen[key] = getattr(cs, name)
+        for k, n in enumerate(cs.kept_hist):
+            if k >= len(seen["hist"]): seen["hist"].append(0)
+            child = self.cap_by_kept.labels(self.model_name, str(k))
+            if n > seen["hist"][k]: child.inc(n - seen["hist"][k]); seen["hist"][k] = n
 
     def observe_output(self, num_new: int, num_prompt: int, arrival: float, previous: float | None, now: float) -> None:
         "One engine output for one request: `previous` is the time of its last output (None for the first)."

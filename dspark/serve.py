@@ -36,7 +36,8 @@ from .sampling import SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'merged', 'sse_events', 'ServerConfig', 'Gate', 'build_app', 'parse_args', 'resolve', 'build_llm', 'main']
+__all__ = ['log', 'merged', 'sse_events', 'ServerConfig', 'Gate', 'build_app', 'parse_args', 'capacity_config', 'resolve',
+           'build_llm', 'main']
 
 # %% ../nbs/17_serve.ipynb #0fa44f4b
 async def merged(streams: list[AsyncIterator[RequestDelta]]) -> AsyncIterator[tuple[int, RequestDelta]]:
@@ -329,7 +330,15 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("spec-log-interval", type=float, default=10.0, help="seconds between spec-decode summary log lines")
     f("log-level", default="info", choices=["debug", "info", "warning", "error"])
     f("dry-run", action="store_true", help="print the resolved configuration and memory plan, then exit")
+    f("capacity", choices=["off", "scheduler", "lagged", "threshold"], default="off", help="capacity-aware verification policy (DSpark)")
+    f("capacity-threshold", type=float, default=0.5, help="survival threshold of the 'threshold' policy")
+    f("capacity-sps", default="auto", help="steps-per-second curve: 'auto' (profile at start-up) or a JSON file")
+    f("capacity-activation", type=int, default=None, help="requests per step at which capacity control starts (default: the curve's knee)")
+    f("dynamic-draft-depth", action=argparse.BooleanOptionalAction, default=True, help="load-aware physical draft depth")
+    f("online-sts", action=argparse.BooleanOptionalAction, default=True, help="calibrate the confidence head online")
     a = p.parse_args(argv)
+    try: capacity_config(a)
+    except ValueError as e: p.error(str(e))
     for name in ("port", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "max_waiting_requests", "max_body_bytes"):
         if getattr(a, name) < (0 if name == "port" else 1): p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if not 0 < a.gpu_memory_utilization <= 1: p.error(f"--gpu-memory-utilization must be in (0, 1], got {a.gpu_memory_utilization}")
@@ -339,6 +348,14 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     if a.dtype == "auto": a.dtype = "bfloat16" if a.device.startswith("cuda") else "float32"
     if a.served_model_name is None: a.served_model_name = Path(a.model).name
     return a
+
+# %% ../nbs/17_serve.ipynb #791e1685
+def capacity_config(a: argparse.Namespace):
+    "The `CapacityConfig` the capacity flags describe, or None when `--capacity off`."
+    from dspark.capacity_control import CapacityConfig
+    if a.capacity == "off": return None
+    return CapacityConfig(policy=a.capacity, threshold=a.capacity_threshold, sps=a.capacity_sps, activation=a.capacity_activation,
+                          dynamic_depth=a.dynamic_draft_depth, online_sts=a.online_sts)
 
 # %% ../nbs/17_serve.ipynb #4047bbf9
 def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
@@ -367,6 +384,9 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, block_size=block,
                 enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, batch_invariant=a.batch_invariant, host=a.host, port=a.port,
                 api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests)
+    cap = capacity_config(a)
+    if cap is not None and mode != "dspark": raise SystemExit(f"error: --capacity {a.capacity} needs --speculative dspark, got {mode}")
+    conf["capacity"] = None if cap is None else {k: str(v) if isinstance(v, Path) else v for k, v in vars(cap).items()}
     plan = [f"weights on disk: {weights / 2**20:.1f} MiB ({cfg.num_hidden_layers} layers, vocab {cfg.vocab_size})"]
     if budget is None:
         plan.append(f"KV cache: sized at start-up from gpu_memory_utilization={a.gpu_memory_utilization} after the weights load")
@@ -387,7 +407,8 @@ def build_llm(a: argparse.Namespace) -> LLM:
                max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
                gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching,
-               attention_backend=a.attention_backend, batch_invariant=a.batch_invariant)
+               attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
+               capacity=capacity_config(a))
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)

@@ -52,12 +52,15 @@ class DSparkProposer:
     def __init__(self, drafter: DSparkDrafter, max_seqs: int, device):
         self.drafter, self.ctx = drafter, DraftContext(drafter, max_seqs, device)
         self.taps = tuple(drafter.cfg.dspark_target_layer_ids)
+        self.confidence: dict | None = None    # capacity control sets {} to read (logits, context complete) per proposal
 
     def observe(self, slot: int, rid: str, feats: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
         self.ctx.claim(slot, rid); self.ctx.insert(slot, feats, positions)
 
     def propose(self, slot: int, rid: str, anchor: int, P: int, n: int, params, seed: int):
-        drafts, q, _ = self.drafter.propose(anchor, P, self.ctx.gather(slot, P), params, seed)
+        ctx = self.ctx.gather(slot, P)
+        drafts, q, conf = self.drafter.propose(anchor, P, ctx, params, seed, n)   # the Markov loop stops at n
+        if self.confidence is not None: self.confidence[rid] = (conf[:n], len(ctx[0]) == min(P, self.ctx.w))
         return drafts[:n], q[:n]
 
 class MTPProposer:

@@ -169,7 +169,7 @@ class TPLLM(LLM):
         try: super().__init__(**a)
         except Exception as e: err = e
         self._startup_agreed(err)
-        self.runner.canon = canon = RankCanon(self._group.objs, self.debug)
+        canon = self.runner.canon                                 # set before the runner's first decision
         local = self.scheduler.schedule
         def schedule():                                           # the plan is derived on every rank: check it
             batch = local()
@@ -178,6 +178,10 @@ class TPLLM(LLM):
             return batch
         self.scheduler.schedule = schedule
         if self.rank: self._follow()
+
+    def _decision_canon(self) -> RankCanon:
+        "`LLM` asks for this while building the runner, so even start-up decisions (the SPS curve) are rank 0's."
+        return RankCanon(self._group.objs, self.debug)
 
     def _join(self, rdv: Rendezvous | None, args: tuple, kwargs: dict, device: str) -> None:
         g, backend = self._group, "nccl" if device.startswith("cuda") else "gloo"

@@ -1,0 +1,255 @@
+"""Capacity-aware verification: the policies against brute force and the exact appendix-A law, losslessness
+of the engine with every policy on (greedy identity with compact verification, sampled distribution), the
+knee's exact fixed-K bypass, calibration bookkeeping, bad input, metrics and the CPU run of the GPU sweep."""
+import itertools
+import json
+
+import pytest
+import torch
+
+import dspark
+from dspark.capacity import (SPSCurve, admit_top, batch_survival, first_token_law, global_lengths, scheduler_lengths,
+                             search_budget, threshold_lengths)
+from dspark.capacity_control import CapacityConfig, capacity_sweep
+from dspark.engine import LLM
+from dspark.metrics import EngineMetrics, scrape
+from dspark.sampling import SamplingParams
+
+KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+# verification gets dearer with every token: the policies keep some drafts and drop others
+STEEP = [(B, 1.0 / (1.0 + 0.08 * B)) for B in range(1, 65)]
+
+
+@pytest.fixture(scope="module")
+def ck7(tmp_path_factory):
+    return dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("cap7"), seed=3, drafter="dspark", dspark_block_size=7)
+
+
+def _prompts(n, seed, lo=4, hi=60):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 512, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def _ids(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+# ---------------------------------------------------------------- policies
+
+def test_appendix_a_exact():
+    "SPS = (1, .5, .45), p = (.7, .3), q = (.5, .5), a1 = .8: the early break gives p, the unconstrained search (.85, .15)."
+    p, q = torch.tensor([0.7, 0.3], dtype=torch.float64), torch.tensor([0.5, 0.5], dtype=torch.float64)
+    sps = SPSCurve.from_sps([(1, 1.0), (2, 0.5), (3, 0.45)]).for_requests(1)
+    conf = lambda xs: [0.8, 0.9 if xs[0] == 0 else 0.1]          # c2 depends on x1, as through the Markov embedding
+    exact = lambda policy: first_token_law(p, q, conf, policy, K=2)
+    torch.testing.assert_close(exact(lambda a: scheduler_lengths(a, sps)[0]), p, rtol=0, atol=1e-12)
+    torch.testing.assert_close(exact(lambda a: global_lengths(a, sps)[0]), torch.tensor([0.85, 0.15], dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+
+
+def _random_survival(g, R, K):
+    c = torch.rand(R, K, generator=g, dtype=torch.float64)
+    n = torch.randint(0, K + 1, (R,), generator=g)
+    return batch_survival(torch.logit(c), n)
+
+
+def _brute(a, sps):
+    "Θ of every allocation of prefix lengths (ℓ_r ≤ drafts of r): {lengths: Θ}."
+    R, n = a.shape[0], (a > 0).sum(-1).tolist()
+    out = {}
+    for ls in itertools.product(*[range(m + 1) for m in n]):
+        tau = R + sum(float(a[r, :l].sum()) for r, l in enumerate(ls))
+        out[ls] = tau * sps(R + sum(ls))
+    return out
+
+
+def _theta(a, ls, sps):
+    return (a.shape[0] + sum(float(a[r, :l].sum()) for r, l in enumerate(ls))) * sps(a.shape[0] + sum(ls))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_algorithm1_against_brute_force(seed):
+    g = torch.Generator().manual_seed(seed)
+    R, K = int(torch.randint(1, 4, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+    a = _random_survival(g, R, K)
+    beta = float(torch.rand(1, generator=g)) * 0.6
+    logconcave = lambda B: float(torch.exp(torch.tensor(-beta * B)))   # Θ is then unimodal along the ranked order
+    jagged = dict(enumerate(torch.rand(R * (K + 1) + 2, generator=g).tolist() + [0.1])).get
+    for sps in (logconcave, jagged):
+        brute = _brute(a, sps)
+        best = max(brute.values())
+        # the unconstrained search finds the global optimum over all prefix-closed allocations
+        assert abs(_theta(a, global_lengths(a, sps), sps) - best) < 1e-9
+        assert sum(global_lengths(a, sps)) == search_budget(a, sps)
+        ls = scheduler_lengths(a, sps)
+        assert all(l <= int((row > 0).sum()) for l, row in zip(ls, a))
+        assert _theta(a, ls, sps) <= best + 1e-12
+        # every admitted candidate strictly improved Θ, and the next one in survival order would not have
+        ranked = sorted(((float(a[r, j]), r, j) for r in range(R) for j in range(K) if a[r, j] > 0),
+                        key=lambda t: -t[0])
+        n, cur = 0, [0] * R
+        for _, r, j in ranked:
+            nxt = cur.copy(); nxt[r] = j + 1
+            if _theta(a, nxt, sps) > _theta(a, cur, sps): cur, n = nxt, n + 1
+            else: break
+        assert ls == cur
+    assert abs(_theta(a, scheduler_lengths(a, logconcave), logconcave) - max(_brute(a, logconcave).values())) < 1e-9
+
+
+def test_survival_and_threshold():
+    z = torch.tensor([[2.0, 0.0, -1.0], [1.0, 1.0, 1.0]])
+    a = batch_survival(z, [3, 2])
+    c = torch.sigmoid(z.double())
+    torch.testing.assert_close(a[0], c[0].cumprod(0))
+    torch.testing.assert_close(a[1], torch.tensor([c[1, 0], c[1, 0] * c[1, 1], 0.0], dtype=torch.float64))
+    assert threshold_lengths(a, 0.0) == [3, 2] and threshold_lengths(a, 1.0) == [0, 0]
+    assert threshold_lengths(a, 0.5) == [1, 2]                            # rows 0.881 0.440 0.129 | 0.731 0.534
+    assert admit_top(a, 2) == [1, 1] and admit_top(a, 3) == [1, 2] and admit_top(a, 4) == [2, 2]
+
+
+# ---------------------------------------------------------------- engine: losslessness
+
+@pytest.fixture(scope="module")
+def greedy_ref(ck7):
+    prompts = _prompts(4, seed=1)
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    return prompts, sp, _ids(LLM(ck7, **KV).generate(prompts, sp, use_tqdm=False))
+
+
+@pytest.mark.parametrize("K,policy", [(2, "scheduler"), (5, "lagged"), (7, "threshold")])
+def test_greedy_identity_compact(ck7, greedy_ref, K, policy):
+    "Compact verification (pruned drafts never reach the target) is token-identical to greedy decoding."
+    prompts, sp, ref = greedy_ref
+    cap = CapacityConfig(policy=policy, sps=STEEP, activation=1, threshold=0.3, depth_window=2)
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=K, capacity=cap, **KV)
+    assert _ids(spec.generate(prompts, sp, use_tqdm=False)) == ref
+    st = spec.runner.capacity.stats
+    assert st.active_steps > 0 and 0 < st.kept < st.proposed        # drafts were really cut, and some were verified
+    assert spec.spec_stats()["num_draft_tokens"] == st.kept         # the target saw exactly the kept drafts
+
+
+def test_sampled_distribution_with_capacity(tmp_path):
+    """T = 1 on a 16-token vocabulary with every mechanism on (Algorithm 1 on a steep curve, dynamic depth,
+    online STS): the first two generated tokens follow the target's exact distribution."""
+    ck = dspark.make_tiny_checkpoint(tmp_path / "v16", seed=5, drafter="dspark", vocab_size=16, dspark_block_size=3)
+    target = dspark.load_target(ck)
+    prompt = [0, 5, 9, 3]
+    p1 = target.logits(torch.tensor([prompt]))[0, -1].softmax(-1).double()
+    p2 = torch.stack([target.logits(torch.tensor([prompt + [x]]))[0, -1].softmax(-1) for x in range(16)]).double()
+    cap = CapacityConfig(policy="scheduler", sps=[(B, 1.0 / (1.0 + 0.02 * B)) for B in range(1, 300)], activation=1,
+                         depth_window=1)
+    spec = LLM(ck, speculative="dspark", num_speculative_tokens=3, max_num_seqs=64, max_num_batched_tokens=1024,
+               kv_cache_memory_bytes=64 * 2**20, capacity=cap)
+    N = 400
+    outs = spec.generate([prompt] * N, [SamplingParams(temperature=1.0, max_tokens=4, seed=s, ignore_eos=True) for s in range(N)],
+                         use_tqdm=False)
+    x = torch.tensor([o.outputs[0].token_ids[:2] for o in outs])
+    cs = spec.runner.capacity.stats
+    assert spec.spec_stats()["num_accepted_tokens"] > 25 and 0 < cs.kept < cs.proposed
+    assert cs.kept_hist[0] > 0 and sum(cs.kept_hist[1:]) > 0        # some requests verify drafts, some none
+    for col, exact in ((0, p1), (1, p1 @ p2)):
+        counts = torch.bincount(x[:, col], minlength=16).double()
+        keep = exact * N >= 5
+        obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+        exp = torch.cat([exact[keep], exact[~keep].sum(0, keepdim=True)]) * N
+        chi2 = float(((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum())
+        p_value = float(torch.special.gammaincc(torch.tensor(int(keep.sum()) / 2.0), torch.tensor(chi2 / 2.0)))
+        assert p_value > 1e-3, (col, chi2)
+
+
+def test_knee_bypass_is_exactly_fixed_k(ck7):
+    "Below the knee nothing is read or cut: sampled tokens and every spec counter equal the fixed-K engine's."
+    prompts = _prompts(3, seed=4)
+    sp = [SamplingParams(temperature=1.0, max_tokens=12, seed=s, ignore_eos=True) for s in range(3)]
+    fixed = LLM(ck7, speculative="dspark", num_speculative_tokens=4, **KV)
+    ref = _ids(fixed.generate(prompts, sp, use_tqdm=False))
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=4, capacity=CapacityConfig(sps=STEEP, activation=4), **KV)
+    assert _ids(spec.generate(prompts, sp, use_tqdm=False)) == ref                # 3 requests < 4: bypassed
+    assert spec.spec_stats() == fixed.spec_stats()
+    cs = spec.runner.capacity.stats
+    assert cs.active_steps == 0 and cs.bypassed_steps > 0 and spec.runner.capacity.depth == 4
+    assert not spec.runner.capacity.staged and float(spec.runner.capacity.sts.trials.sum()) == 0
+    # the automatic knee: on a flat curve verifying everything is free at any load, so it never activates
+    flat = LLM(ck7, speculative="dspark", num_speculative_tokens=4, capacity=CapacityConfig(sps=[(B, 1.0) for B in range(1, 32)]), **KV)
+    assert flat.runner.capacity.activation == KV["max_num_seqs"] + 1
+    assert LLM(ck7, speculative="dspark", num_speculative_tokens=4, capacity=CapacityConfig(sps=STEEP), **KV).runner.capacity.activation == 2
+
+
+def test_calibration_records_only_controlled_aligned_rounds(ck7):
+    prompts = _prompts(2, seed=6)
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=5, capacity=CapacityConfig(sps=STEEP, activation=1), **KV)
+    spec.generate(prompts, sp, use_tqdm=False)
+    sts, st = spec.runner.capacity.sts, spec.spec_stats()
+    assert 0 < float(sts.trials.sum()) and not spec.runner.capacity.staged   # finished requests leave nothing staged
+    # a proposal whose draft window is not in the ring (nothing observed) is flagged incomplete
+    pr, m = spec.runner.proposer, spec.runner.proposer.drafter.mtp[0].main_proj.in_features
+    pr.ctx.claim(3, "fresh"); pr.ctx.insert(3, torch.zeros(2, m), torch.tensor([5, 6]))
+    pr.propose(3, "fresh", 9, 7, 3, sp, 0)                           # the anchor at P = 7: positions 0-4 missing
+    assert pr.confidence["fresh"][1] is False
+    pr.ctx.insert(3, torch.zeros(7, m), torch.arange(7))
+    pr.propose(3, "fresh", 9, 7, 3, sp, 0)
+    assert pr.confidence["fresh"][1] is True
+    # a shallower physical depth runs fewer Markov steps and drafts the same prefix (noise keyed by position)
+    t1 = SamplingParams(temperature=1.0)
+    (full, qf), (short, qs) = pr.propose(3, "fresh", 9, 7, 6, t1, 4), pr.propose(3, "fresh", 9, 7, 2, t1, 4)
+    assert short == full[:2] and torch.equal(qs, qf[:2]) and len(pr.confidence["fresh"][0]) == 2
+
+
+# ---------------------------------------------------------------- configuration, files, metrics, sweep
+
+def test_bad_input(ck7, tmp_path):
+    for kw, match in [(dict(policy="greedy"), "policy"), (dict(threshold=-0.1), "threshold"), (dict(threshold=1.5), "threshold"),
+                      (dict(activation=0), "activation"), (dict(depth_window=0), "depth_window"),
+                      (dict(sps=str(tmp_path / "missing.json")), "sps")]:
+        with pytest.raises(ValueError, match=match): CapacityConfig(**kw)
+    with pytest.raises(TypeError, match="capacity"): LLM(ck7, speculative="dspark", capacity=3)
+    with pytest.raises(ValueError, match="DSpark confidence"): LLM(ck7, capacity="scheduler")
+    bad = {"notjson.json": "{", "empty.json": "[]", "order.json": json.dumps([[4, 1.0], [2, 1.0]]),
+           "neg.json": json.dumps({"sps": [[1, -1.0]]}), "keys.json": json.dumps({"verify_ms": [[1, 1.0]], "gpu": 1}),
+           "shape.json": json.dumps({"points": 1}), "frac.json": json.dumps({"verify_ms": [[1.5, 1.0]]})}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match="SPS curve file"): SPSCurve.load(tmp_path / name)
+    with pytest.raises(ValueError, match="does not exist"): SPSCurve.load(tmp_path / "nope.json")
+    c = SPSCurve([(1, 2.0), (8, 4.0)], 0.5, 8)
+    c.save(tmp_path / "ok.json")
+    assert SPSCurve.load(tmp_path / "ok.json") == c
+
+
+def test_auto_profile_and_metrics(ck7):
+    "sps='auto' measures the curve on a scratch cache; the engine's capacity counters reach /metrics."
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=1, max_num_seqs=1, max_num_batched_tokens=64,
+               kv_cache_memory_bytes=16 * 2**20, capacity=CapacityConfig(activation=1))
+    curve = spec.runner.capacity.curve
+    assert [B for B, _ in curve.verify_ms] == [1, 2] and curve.capture_limit == 2 and curve.draft_ms > 0
+    assert all(ms > 0 for _, ms in curve.verify_ms)
+    spec.generate(_prompts(1, seed=8), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    m = EngineMetrics("tiny")
+    m.observe_engine(spec)
+    got, cs = scrape(m.render().decode()), spec.runner.capacity.stats
+    assert got["dspark:capacity_active"] == 1 and got["dspark:draft_depth"] == spec.runner.capacity.depth
+    assert got["dspark:capacity_proposed_drafts_total"] == cs.proposed and got["dspark:capacity_kept_drafts_total"] == cs.kept
+    assert sum(v for k, v in got.items() if k.startswith("dspark:capacity_requests_by_kept_drafts_total")) == cs.active_steps
+    assert got["dspark:capacity_graph_tokens"] in (1, 2)
+
+
+def test_serve_flags(ck7):
+    from dspark.serve import capacity_config, parse_args, resolve
+    a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20)],
+                   env={"DSPARK_CAPACITY": "lagged", "DSPARK_CAPACITY_ACTIVATION": "2", "DSPARK_ONLINE_STS": "0"})
+    conf, _ = resolve(a)
+    assert conf["capacity"]["policy"] == "lagged" and conf["capacity"]["activation"] == 2 and not conf["capacity"]["online_sts"]
+    with pytest.raises(SystemExit): parse_args(["--capacity-threshold", "2", "--capacity", "threshold"], env={})
+    a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20), "--capacity", "off"], env={})
+    assert resolve(a)[0]["capacity"] is None and capacity_config(a) is None
+
+
+def test_capacity_sweep_runs_on_cpu(ck7):
+    rows = capacity_sweep(ck7, concurrencies=(1, 2), device="cpu", num_speculative_tokens=3, max_tokens=4, prompt_len=16,
+                          capacity=CapacityConfig(sps=STEEP, activation=2))
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, c) for m in ("none", "fixed", "capacity") for c in (1, 2)]
+    assert all(r["tokens"] == 4 * r["concurrency"] and r["tok_s"] > 0 for r in rows)
+    by = {(r["mode"], r["concurrency"]): r for r in rows}
+    assert by["none", 2]["drafts"] == 0 and by["fixed", 2]["drafts"] > 0 and by["fixed", 2]["mean_acceptance_length"] >= 1
+    assert by["capacity", 1]["active_steps"] == 0 and by["capacity", 2]["active_steps"] > 0   # knee at 2 requests
