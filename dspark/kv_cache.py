@@ -203,7 +203,7 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
     the step's tokens (the batched GPU path); everything else in the layer is already batched."""
     cfg = model.cfg
     ids = torch.cat(chunks).unsqueeze(0).to(model.embed.weight.device)
-    model.check_ids(ids)
+    model.check_ids(ids, one_sequence=False)               # positions are per request (the scheduler bounds them)
     bounds = [0] + torch.tensor([len(c) for c in chunks]).cumsum(0).tolist()
     x = model.embed(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
     tapped = {}

@@ -56,14 +56,15 @@ class Transformer(nn.Module):
         self.hc_head_base = nn.Parameter(torch.zeros(hc))
         self.hc_head_scale = nn.Parameter(torch.ones(1))
 
-    def check_ids(self, input_ids: torch.Tensor) -> None:
-        "Reject inputs the model cannot run on, naming the problem (never index out of the embedding)."
+    def check_ids(self, input_ids: torch.Tensor, one_sequence: bool = True) -> None:
+        """Reject inputs the model cannot run on, naming the problem (never index out of the embedding).
+        `one_sequence=False`: the row is a step of many requests' tokens, so its length is no position bound."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be an integer tensor [B, T], got {type(input_ids).__name__} "
                             f"{getattr(input_ids, 'dtype', '')}")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must have shape [B, T] with T >= 1, got {tuple(input_ids.shape)}")
-        if input_ids.shape[1] > self.cfg.max_position_embeddings:
+        if one_sequence and input_ids.shape[1] > self.cfg.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
                              f"{self.cfg.max_position_embeddings}")
         bad = input_ids[(input_ids < 0) | (input_ids >= self.cfg.vocab_size)]

@@ -159,3 +159,14 @@ def test_abort_frees_blocks(tiny_ckpt):
     assert kv.comp.num_free < free0
     assert s.abort("a").finish_reason == "abort" and kv.comp.num_free == free0 and not s.has_work()
     assert s.abort("missing") is None
+
+
+def test_a_step_may_hold_more_tokens_than_one_sequence_may(tmp_path):
+    """A step concatenates many requests' tokens; only each request's positions are bounded by
+    max_position_embeddings (1024 in `tiny`), not the step's total (here 3 × 400 tokens in one step)."""
+    ck = dspark.make_tiny_checkpoint(tmp_path / "ck", seed=0, drafter=None)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 512, (400,), generator=g).tolist() for _ in range(3)]
+    llm = dspark.LLM(ck, max_num_seqs=3, max_num_batched_tokens=2048, kv_cache_memory_bytes=64 * 2**20)
+    outs = llm.generate(prompts, dspark.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2, 2]
