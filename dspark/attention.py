@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quant import fake_quant_index, fake_quant_kv
 from .config import CSA, HCA, SLIDING, ModelConfig
 from .layers import RMSNorm, apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, topk_stable
 
@@ -71,10 +72,13 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(cfg.hidden_size, self.heads, bias=False)
         self.compressor = Compressor(cfg, cfg.csa_ratio, self.dim, overlap=True)
 
-    def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        "Index scores `[B, T, n]` of queries (`x`, latent `qr`, rope `cos/sin [.., T, r/2]`) against `keys [B, n, dim]`."
+    def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+               quant: bool = False) -> torch.Tensor:
+        """Index scores `[B, T, n]` of queries (`x`, latent `qr`, rope `cos/sin [.., T, r/2]`) against `keys [B, n, dim]`.
+        `quant`: the queries get the QAT simulation (Hadamard + FP4), to meet keys that had it too."""
         B, T, _ = x.shape
         q = apply_rope(self.wq_b(qr).view(B, T, self.heads, self.dim), cos.unsqueeze(-2), sin.unsqueeze(-2))
+        if quant: q = fake_quant_index(q)
         dots = torch.einsum("bthd,bnd->bthn", q.float(), keys.float()).relu() * self.dim ** -0.5
         w = self.weights_proj(x).float() * self.heads ** -0.5
         return (dots * w.unsqueeze(-1)).sum(dim=2)
@@ -105,7 +109,9 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, sink
     return torch.einsum("bhts,bsd->bthd", probs, keys.float())
 
 class Attention(nn.Module):
-    "V4 attention of one layer: sliding window, plus CSA (indexer top-k) or HCA compressed entries."
+    """V4 attention of one layer: sliding window, plus CSA (indexer top-k) or HCA compressed entries. `qat = True`
+    simulates the official code's activation quantisation (FP8 KV nope channels, FP4 indexer q/k; quant chapter)."""
+    qat = False
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.cfg, self.kind = cfg, cfg.layer_type(layer_id)
@@ -144,13 +150,16 @@ class Attention(nn.Module):
         inv = self.inv_freq.to(x.device)
         cos, sin = rope_cos_sin(inv, pos)
         q, qr, kv = self.qkv(x, cos, sin)
+        if self.qat: kv = fake_quant_kv(kv, self.cfg.qk_rope_head_dim)
         keys, mask = kv, window_mask(pos, pos, self.cfg.sliding_window).expand(B, T, T)
         if self.kind != SLIDING:
             entries = self.compressor(x, inv)
+            if self.qat: entries = fake_quant_kv(entries, self.cfg.qk_rope_head_dim)
             use = compressed_visible(pos, entries.shape[1], self.compressor.ratio).expand(B, -1, -1)
             if self.kind == CSA and entries.shape[1]:
                 ikeys = self.indexer.compressor(x, inv)
-                use = self.indexer.select(self.indexer.scores(x, qr, cos, sin, ikeys), use)
+                if self.qat: ikeys = fake_quant_index(ikeys)
+                use = self.indexer.select(self.indexer.scores(x, qr, cos, sin, ikeys, self.qat), use)
             keys, mask = torch.cat([kv, entries.to(kv.dtype)], dim=1), torch.cat([mask, use], dim=-1)
         o = sink_attention(q, keys, mask, self.attn_sink, self.cfg.head_dim ** -0.5)
         return self.output(o, cos, sin, x.dtype)

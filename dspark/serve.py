@@ -320,6 +320,10 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("max-num-batched-tokens", type=int, default=2048); f("block-size", type=int, default=None)
     f("gpu-memory-utilization", type=float, default=0.9)
     f("kv-cache-memory-bytes", type=int, default=None, help="KV-cache budget in bytes (overrides the utilisation rule)")
+    from dspark.kv_cache import KV_CACHE_DTYPES
+    f("kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
+      help="auto: the model's dtype; fp8: FP8 rows + MXFP4 indexer keys, as the real checkpoints were trained")
+    f("fp8-draft-head", action="store_true", help="the DSpark drafter's vocabulary projection in rowwise FP8")
     f("enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     f("seed", type=int, default=0)
     f("api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
@@ -344,7 +348,7 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     "The resolved configuration and the memory plan lines, from the checkpoint's config alone (no weights loaded)."
     from dspark.config import load_config
     from dspark.engine import default_block_size, speculative_depth
-    from dspark.kv_cache import plan_cache, profile_line
+    from dspark.kv_cache import cache_format, plan_cache, profile_line
     import torch
     path = Path(a.model)
     if not (path / "config.json").is_file(): raise SystemExit(f"error: --model {path}: no config.json there")
@@ -361,14 +365,16 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     conf = dict(model=str(path), served_model_name=a.served_model_name, speculative=mode, num_speculative_tokens=K,
                 tensor_parallel_size=a.tensor_parallel_size, device=a.device, dtype=a.dtype, max_model_len=max_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, block_size=block,
-                enable_prefix_caching=a.enable_prefix_caching, host=a.host, port=a.port,
+                enable_prefix_caching=a.enable_prefix_caching, kv_cache_dtype=a.kv_cache_dtype,
+                fp8_draft_head=a.fp8_draft_head, host=a.host, port=a.port,
                 api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests)
     plan = [f"weights on disk: {weights / 2**20:.1f} MiB ({cfg.num_hidden_layers} layers, vocab {cfg.vocab_size})"]
     if budget is None:
         plan.append(f"KV cache: sized at start-up from gpu_memory_utilization={a.gpu_memory_utilization} after the weights load")
     else:
         try:
-            cc = plan_cache(cfg, budget, block, a.max_num_seqs, a.max_num_batched_tokens, K, dtype)
+            kv_dtype, fp8 = cache_format(a.kv_cache_dtype, dtype, a.device)
+            cc = plan_cache(cfg, budget, block, a.max_num_seqs, a.max_num_batched_tokens, K, kv_dtype, fp8)
             plan.append(profile_line(cfg, cc, max_len))
         except ValueError as e: raise SystemExit(f"error: {e}") from None
     return conf, plan
@@ -382,7 +388,8 @@ def build_llm(a: argparse.Namespace) -> LLM:
                device=a.device, dtype=a.dtype, tensor_parallel_size=a.tensor_parallel_size, seed=a.seed,
                max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-               gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching)
+               gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching,
+               kv_cache_dtype=a.kv_cache_dtype, fp8_draft_head=a.fp8_draft_head)
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
