@@ -140,6 +140,8 @@ def test_llm_with_fp8_kv_follows_the_quantised_reference(tiny_ckpt, tiny_model):
             ref.append(int(tiny_model.logits(torch.tensor([seq]))[0, -1].argmax())); seq.append(ref[-1])
     finally: simulate_qat(tiny_model, False)
     assert out == ref
+    spec = LLM(tiny_ckpt, speculative="dspark", kv_cache_dtype="fp8", kv_cache_memory_bytes=8 * 2**20, max_num_seqs=2)
+    assert spec.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)[0].outputs[0].token_ids == out
 
 
 def test_fp8_draft_head_bound_and_lossless(tiny_ckpt):
