@@ -16,8 +16,8 @@ from .attention import Attention, compressed_visible, sink_attention, window_mas
 from .config import CSA, SLIDING, ModelConfig
 from .layers import hc_head, hc_post, hc_pre, rope_cos_sin
 from .model import Transformer
-from .quant import (dequantize_index_rows, dequantize_kv_rows, fake_quant_index, fake_quant_kv, index_row_layout,
-                          kv_row_layout, quantize_index_rows, quantize_kv_rows)
+from .quant import dequantize_index_rows, dequantize_kv_rows, index_row_layout, quantize_index_rows
+from .quant import fake_quant_index, fake_quant_kv, kv_row_layout, quantize_kv_rows
 
 # %% auto #0
 __all__ = ['KV_CACHE_DTYPES', 'CacheConfig', 'ring_size', 'row_bytes', 'kv_bytes_per_token', 'elem_bytes', 'block_bytes',
