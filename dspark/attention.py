@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quant import fake_quant_index, fake_quant_kv
 from .config import CSA, HCA, SLIDING, ModelConfig
 from .layers import (RMSNorm, apply_rope, is_batch_invariant, per_token, rms_norm, rope_cos_sin, rope_inv_freq,
                            topk_stable)
@@ -79,9 +80,12 @@ class Indexer(nn.Module):
         B, T, _ = qr.shape
         return apply_rope(self.wq_b(qr).view(B, T, self.heads, self.dim), cos.unsqueeze(-2), sin.unsqueeze(-2))
 
-    def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        "Index scores `[B, T, n]` of queries (`x`, latent `qr`, rope `cos/sin [.., T, r/2]`) against `keys [B, n, dim]`."
+    def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+               quant: bool = False) -> torch.Tensor:
+        """Index scores `[B, T, n]` of queries (`x`, latent `qr`, rope `cos/sin [.., T, r/2]`) against `keys [B, n, dim]`.
+        `quant`: the queries get the QAT simulation (Hadamard + FP4), to meet keys that had it too."""
         q = self.queries(qr, cos, sin)
+        if quant: q = fake_quant_index(q)
         dots = torch.einsum("bthd,bnd->bthn", q.float(), keys.float()).relu() * self.dim ** -0.5
         w = self.weights_proj(x).float() * self.heads ** -0.5
         return (dots * w.unsqueeze(-1)).sum(dim=2)
@@ -94,13 +98,14 @@ class Indexer(nn.Module):
         return torch.zeros_like(visible).scatter(-1, idx, True) & visible
 
     def choose(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-               visible: torch.Tensor) -> torch.Tensor:
+               visible: torch.Tensor, quant: bool = False) -> torch.Tensor:
         """`select(scores(...), visible)`: the entries each query reads, `[B, T, n]`. In batch-invariant mode
         each query is scored against exactly its visible entries, so neither other queries nor entries it
         cannot see (completed by later, maybe rejected, tokens) change a bit of its scores."""
-        if not is_batch_invariant(): return self.select(self.scores(x, qr, cos, sin, keys), visible)
+        if not is_batch_invariant(): return self.select(self.scores(x, qr, cos, sin, keys, quant), visible)
         B, T, _ = x.shape
         q = per_token(self.queries, qr, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2).float()
+        if quant: q = fake_quant_index(q)
         w = per_token(self.weights_proj, x, lead=2).float() * self.heads ** -0.5
         chosen = torch.zeros_like(visible)
         for b, t in ((b, t) for b in range(B) for t in range(T)):
@@ -140,7 +145,9 @@ def _sink_attention_per_query(q, keys, mask, sink, scale) -> torch.Tensor:
     return out
 
 class Attention(nn.Module):
-    "V4 attention of one layer: sliding window, plus CSA (indexer top-k) or HCA compressed entries."
+    """V4 attention of one layer: sliding window, plus CSA (indexer top-k) or HCA compressed entries. `qat = True`
+    simulates the official code's activation quantisation (FP8 KV nope channels, FP4 indexer q/k; quant chapter)."""
+    qat = False
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.cfg, self.kind = cfg, cfg.layer_type(layer_id)
@@ -183,13 +190,16 @@ class Attention(nn.Module):
         inv = self.inv_freq.to(x.device)
         cos, sin = rope_cos_sin(inv, pos)
         q, qr, kv = self.qkv(x, cos, sin)
+        if self.qat: kv = fake_quant_kv(kv, self.cfg.qk_rope_head_dim)
         keys, mask = kv, window_mask(pos, pos, self.cfg.sliding_window).expand(B, T, T)
         if self.kind != SLIDING:
             entries = self.compressor(x, inv)
+            if self.qat: entries = fake_quant_kv(entries, self.cfg.qk_rope_head_dim)
             use = compressed_visible(pos, entries.shape[1], self.compressor.ratio).expand(B, -1, -1)
             if self.kind == CSA and entries.shape[1]:
                 ikeys = self.indexer.compressor(x, inv)
-                use = self.indexer.choose(x, qr, cos, sin, ikeys, use)
+                if self.qat: ikeys = fake_quant_index(ikeys)
+                use = self.indexer.choose(x, qr, cos, sin, ikeys, use, self.qat)
             keys, mask = torch.cat([kv, entries.to(kv.dtype)], dim=1), torch.cat([mask, use], dim=-1)
         o = sink_attention(q, keys, mask, self.attn_sink, self.cfg.head_dim ** -0.5)
         return self.output(o, cos, sin, x.dtype)

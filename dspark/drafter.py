@@ -16,11 +16,12 @@ from .attention import sink_attention
 from .config import ModelConfig
 from .layers import RMSNorm, hc_head, hc_post, hc_pre, rope_cos_sin
 from .model import Block, Transformer
+from .quant import FP8_MAX
 from .sampling import SamplingParams, draft_sample
 
 # %% auto #0
 __all__ = ['DRAFT_KEY_ALIASES', 'MarkovHead', 'ConfidenceHead', 'DSparkStage', 'markov_prev', 'survival', 'DSparkDrafter',
-           'load_drafter']
+           'RowwiseFP8Head', 'load_drafter']
 
 # %% ../nbs/11_drafter.ipynb #f47e2a43
 DRAFT_KEY_ALIASES = [(r"\.markov_head\.embed\.", ".markov_head.markov_w1."), (r"\.markov_head\.head\.", ".markov_head.markov_w2.")]
@@ -73,6 +74,7 @@ class DSparkDrafter(nn.Module):
         self.cfg, self.block_size, S = cfg, cfg.dspark_block_size, cfg.num_draft_stages
         self.mtp = nn.ModuleList(DSparkStage(cfg, s, S) for s in range(S))
         self._target = [target]                      # shared, not a submodule: its weights are the target's
+        self.fp8_head: RowwiseFP8Head | None = None  # set by `use_fp8_head()`
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -114,8 +116,16 @@ class DSparkDrafter(nn.Module):
         return hc_head(x, self.last.hc_head_fn, self.last.hc_head_base, self.last.hc_head_scale, cfg)[0]
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
-        "`U = head(norm(h))` with the last stage's norm and the target's head, fp32."
+        "`U = head(norm(h))` with the last stage's norm and the target's head (or its rowwise-FP8 copy), fp32."
+        if self.fp8_head is not None: return self.fp8_head(self.last.norm(h))
         return self.target.head(self.last.norm(h)).float()
+
+    def use_fp8_head(self) -> str:
+        "Draft with a rowwise-FP8 copy of the target's head (the target keeps its own); returns the memory line."
+        self.fp8_head = RowwiseFP8Head(self.target.head.weight)
+        full = self.target.head.weight.numel() * self.target.head.weight.element_size()
+        return (f"fp8 draft head: {self.fp8_head.nbytes() / 2**20:.2f} MiB read per draft step instead of "
+                f"{full / 2**20:.2f} MiB ({self.target.head.weight.dtype}); resident memory grows by the FP8 copy")
 
     def markov(self, U: torch.Tensor, h: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Teacher-forced: corrected logits `U + W₂W₁[prev]` and confidence logits, for given previous tokens."
@@ -141,6 +151,21 @@ class DSparkDrafter(nn.Module):
         "One round: drafts, their `q`, and confidence logits for the block anchored at position `P` (the first `n`)."
         h = self.block_forward(anchor, P, ctx)
         return self.markov_sample(self.base_logits(h), h, anchor, params, seed, P, n)
+
+# %% ../nbs/11_drafter.ipynb #f5e084e2
+class RowwiseFP8Head(nn.Module):
+    "A vocabulary projection stored as FP8 e4m3 `[V, D]` with one fp32 scale per row; returns fp32 logits."
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-30) / FP8_MAX
+        self.register_buffer("weight", (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
+        self.register_buffer("scale", scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() @ self.weight.float().T) * self.scale
+
+    def nbytes(self) -> int: return self.weight.numel() * self.weight.element_size() + self.scale.numel() * 4
 
 # %% ../nbs/11_drafter.ipynb #9aa3914e
 def load_drafter(path, target: Transformer) -> DSparkDrafter:

@@ -22,7 +22,7 @@ from .mtp import load_mtp
 from .rejection import SpecStats, rejection_sample, truncate_at_stop
 from .speculative import DSparkProposer, MTPProposer
 from .capacity_control import CapacityConfig, CapacityController
-from .kv_cache import PagedKVCache, SeqView, forward_cached, plan_cache, profile_line
+from .kv_cache import PagedKVCache, SeqView, cache_format, forward_cached, plan_cache, profile_line
 from .layers import batch_invariant
 from .model import Transformer
 from .sampling import SamplingParams, stream_key
@@ -198,7 +198,8 @@ class LLM:
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
-                 capacity: str | CapacityConfig | None = None):
+                 capacity: str | CapacityConfig | None = None, kv_cache_dtype: str = "auto",
+                 fp8_draft_head: bool = False):
         if speculative == "none": speculative = None
         capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
         if capacity is not None and speculative != "dspark":
@@ -214,14 +215,17 @@ class LLM:
         self.model_path, self.speculative = Path(model), speculative
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
         drafter = self._load_drafter(model, speculative)
+        if fp8_draft_head:
+            if speculative != "dspark": raise ValueError("fp8_draft_head applies to the DSpark drafter: set speculative='dspark'")
+            log.info(drafter.use_fp8_head())
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         if self.max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
         block_size = block_size or default_block_size(cfg)
-        cache_dtype = self.model.embed.weight.dtype
+        cache_dtype, fp8 = cache_format(kv_cache_dtype, self.model.embed.weight.dtype, device)
         budget = kv_cache_memory_bytes or self._default_budget(device, gpu_memory_utilization)
-        cc = plan_cache(cfg, budget, block_size, max_num_seqs, max_num_batched_tokens, K, cache_dtype)
+        cc = plan_cache(cfg, budget, block_size, max_num_seqs, max_num_batched_tokens, K, cache_dtype, fp8)
         if num_kv_blocks is not None: cc.num_blocks = num_kv_blocks     # an override for tests and tuning
         proposer = (DSparkProposer(drafter, max_num_seqs, device) if speculative == "dspark" else
                     MTPProposer(drafter, max_num_seqs, K, device) if speculative == "mtp" else None)

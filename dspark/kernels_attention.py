@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .attention import compressed_visible, sink_attention, window_mask
 from .kv_cache import SeqView
+from .quant import dequantize_index_rows, dequantize_kv_rows
 from .layers import topk_stable
 
 # %% auto #0
@@ -74,11 +75,32 @@ def _online_softmax_step(q, k, valid, m, l, acc, scale, PREC: tl.constexpr):
     return m_new, l, acc
 
 @triton.jit
+def _load_rows(ptr, sc_ptr, rows, srows, valid, dd, D: tl.constexpr, NOPE: tl.constexpr, FP8: tl.constexpr):
+    """Rows `[BN, BLOCK_D]` at offsets `rows`: plain values, or (FP8) decoded from bytes — e4m3 nope channels
+    times their block's UE8M0 scale (at `sc_ptr + srows`), then BF16 rope channels — exactly, in fp32."""
+    if FP8:
+        nope, rope = dd < NOPE, (dd >= NOPE) & (dd < D)
+        b = tl.load(ptr + rows[:, None] + dd[None, :], mask=valid[:, None] & nope[None, :], other=0).to(tl.int32)
+        e, m = (b >> 3) & 15, b & 7
+        mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125,                  # subnormal: m · 2^-9
+                       ((e + 120) << 23 | m << 20).to(tl.float32, bitcast=True))  # 2^(e-7) · (1 + m/8)
+        sb = tl.load(sc_ptr + srows[:, None] + (dd // 64)[None, :], mask=valid[:, None] & nope[None, :], other=127)
+        v = tl.where((b & 128) != 0, -mag, mag) * (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        j = NOPE + 2 * (dd - NOPE)                                                 # byte of rope channel dd
+        rm = valid[:, None] & rope[None, :]
+        lo = tl.load(ptr + rows[:, None] + j[None, :], mask=rm, other=0).to(tl.int32)
+        hi = tl.load(ptr + rows[:, None] + j[None, :] + 1, mask=rm, other=0).to(tl.int32)
+        return tl.where(nope[None, :], v, (hi << 24 | lo << 16).to(tl.float32, bitcast=True))
+    else:
+        return tl.load(ptr + rows[:, None] + dd[None, :], mask=valid[:, None] & (dd < D)[None, :], other=0.0)
+
+@triton.jit
 def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_ptr, wtab_ptr, ctab_ptr, idx_ptr,
-                        H, K, scale, window, ratio, block_size,
+                        wsc_ptr, esc_ptr, H, K, scale, window, ratio, block_size,
                         sq_t, sq_h, so_t, so_h, swin_b, swin_r, sent_b, sent_r, swt, sct, sidx,
+                        swsc_b, swsc_r, sesc_b, sesc_r,
                         D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        MODE: tl.constexpr, PREC: tl.constexpr):
+                        MODE: tl.constexpr, PREC: tl.constexpr, NOPE: tl.constexpr, FP8: tl.constexpr):
     t, hb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < H
@@ -98,7 +120,8 @@ def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_p
         valid = kp <= p
         blk = tl.load(wtab_ptr + req * swt + kp // block_size, mask=valid, other=0).to(tl.int64)
         rows = blk * swin_b + (kp % block_size) * swin_r
-        k = tl.load(win_ptr + rows[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+        k = _load_rows(win_ptr, wsc_ptr, rows, blk * swsc_b + (kp % block_size) * swsc_r, valid, dd, D, NOPE, FP8)
+        k = k.to(q.dtype)                                              # exact: FP8 values and BF16 fit q's dtype
         m, l, acc = _online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
     if MODE != 0:  # compressed entries: the indexer's top-k (MODE 1, CSA) or every visible one (MODE 2, HCA)
         n_vis = tl.where(live, (p + 1) // ratio, 0)
@@ -111,34 +134,49 @@ def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_p
             valid = (e >= 0) & (e < n_vis)
             blk = tl.load(ctab_ptr + req * sct + e // per_block, mask=valid, other=0).to(tl.int64)
             rows = blk * sent_b + (e % per_block) * sent_r
-            k = tl.load(ent_ptr + rows[:, None] + dd[None, :], mask=valid[:, None] & dm[None, :], other=0.0)
+            k = _load_rows(ent_ptr, esc_ptr, rows, blk * sesc_b + (e % per_block) * sesc_r, valid, dd, D, NOPE, FP8)
+            k = k.to(q.dtype)
             m, l, acc = _online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
     tl.store(o_ptr + t * so_t + heads[:, None] * so_h + dd[None, :], acc / l[:, None], mask=hm[:, None] & dm[None, :])
 
 # %% ../nbs/19_kernels_attention.ipynb #216620e9
 def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, sink: torch.Tensor, meta: BatchMeta, window: int,
                      scale: float, entries: torch.Tensor | None = None, ratio: int = 0,
-                     topk_idx: torch.Tensor | None = None, block_n: int = 32) -> torch.Tensor:
+                     topk_idx: torch.Tensor | None = None, block_n: int = 32,
+                     window_scales: torch.Tensor | None = None, entry_scales: torch.Tensor | None = None,
+                     rope_dim: int = 0) -> torch.Tensor:
     """Attention of `q [N, H, d]` over each token's window rows (`window_cache [blocks, block_size, d]`) plus its
     compressed entries (`entries [blocks, block_size // ratio, d]`): those in `topk_idx [N, K]` (CSA; -1 = none)
-    or, without `topk_idx`, every visible one (HCA). Returns `[N, H, d]` fp32; zeros for padding tokens."""
+    or, without `topk_idx`, every visible one (HCA). Returns `[N, H, d]` fp32; zeros for padding tokens.
+    FP8 rows: `window_cache`/`entries` are the uint8 data views of an FP8 cache (`PagedKVCache.packed`), with
+    their `window_scales`/`entry_scales` views and the cache's `rope_dim`; rows are dequantised in the kernel."""
     N, H, d = q.shape
-    if q.dtype != window_cache.dtype or (entries is not None and entries.dtype != q.dtype):
+    fp8 = window_scales is not None
+    if fp8:
+        if (window_cache.dtype != torch.uint8 or window_cache.shape[-1] != d + rope_dim
+                or (entries is not None and (entry_scales is None or entries.dtype != torch.uint8))):
+            raise ValueError(f"FP8 rows need uint8 data views of width d + rope_dim = {d + rope_dim} and their scales")
+        if q.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"FP8 rows are read back in float32 or bfloat16, got q in {q.dtype}")
+    elif q.dtype != window_cache.dtype or (entries is not None and entries.dtype != q.dtype):
         raise ValueError(f"q ({q.dtype}) and the cache ({window_cache.dtype}) must have the same dtype")
     if q.stride(-1) != 1: q = q.contiguous()
     o = torch.empty(N, H, d, dtype=torch.float32, device=q.device)
     if N == 0: return o
     mode = 0 if entries is None else 1 if topk_idx is not None else 2
     ent = window_cache if entries is None else entries
+    wsc = window_scales if fp8 else window_cache                       # unused unless FP8
+    esc = (entry_scales if entries is not None else window_scales) if fp8 else ent
     idx = topk_idx if topk_idx is not None else meta.tok_req.view(N, 1)   # unused unless MODE 1
     BH = min(64, max(16, triton.next_power_of_2(H)))
     _sparse_attn_kernel[(N, triton.cdiv(H, BH))](
         q, o, window_cache, ent, sink.float().contiguous(), meta.tok_req, meta.tok_pos, meta.window_tables,
-        meta.tables, idx, H, idx.shape[1], scale, window, max(ratio, 1), meta.block_size,
+        meta.tables, idx, wsc, esc, H, idx.shape[1], scale, window, max(ratio, 1), meta.block_size,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), window_cache.stride(0), window_cache.stride(1),
         ent.stride(0), ent.stride(1), meta.window_tables.stride(0), meta.tables.stride(0), idx.stride(0),
+        wsc.stride(0), wsc.stride(1), esc.stride(0), esc.stride(1),
         D=d, BLOCK_H=BH, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, MODE=mode,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32")
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", NOPE=d - rope_dim if fp8 else d, FP8=fp8)
     return o
 
 # %% ../nbs/19_kernels_attention.ipynb #1f64981e
@@ -147,9 +185,13 @@ def _request_tokens(meta: BatchMeta, r: int) -> tuple[torch.Tensor, torch.Tensor
     return toks, meta.tok_pos[toks].long()
 
 def sparse_attention_ref(q, window_cache, sink, meta: BatchMeta, window: int, scale: float,
-                         entries=None, ratio: int = 0, topk_idx=None) -> torch.Tensor:
+                         entries=None, ratio: int = 0, topk_idx=None, window_scales=None, entry_scales=None,
+                         rope_dim: int = 0) -> torch.Tensor:
     "Reference for `sparse_attention`: per request, gather rows as `attend_cached` does and call `sink_attention`."
     N, H, d = q.shape
+    if window_scales is not None:          # FP8 rows: dequantise the whole pool with the torch codec first
+        window_cache = dequantize_kv_rows(window_cache, window_scales, rope_dim).to(q.dtype)
+        if entries is not None: entries = dequantize_kv_rows(entries, entry_scales, rope_dim).to(q.dtype)
     o, bs = torch.zeros(N, H, d, dtype=torch.float32, device=q.device), meta.block_size
     for r in [r for r in meta.tok_req.unique().tolist() if r >= 0]:
         toks, pos = _request_tokens(meta, r)
@@ -171,10 +213,10 @@ def sparse_attention_ref(q, window_cache, sink, meta: BatchMeta, window: int, sc
 
 # %% ../nbs/19_kernels_attention.ipynb #8bf544f7
 @triton.jit
-def _index_score_kernel(q_ptr, w_ptr, key_ptr, out_ptr, req_ptr, pos_ptr, ctab_ptr,
-                        HI, n_cols, ratio, block_size, scale, sq_t, sq_h, sw_t, sk_b, sk_r, sct, so_t,
+def _index_score_kernel(q_ptr, w_ptr, key_ptr, ksc_ptr, out_ptr, req_ptr, pos_ptr, ctab_ptr,
+                        HI, n_cols, ratio, block_size, scale, sq_t, sq_h, sw_t, sk_b, sk_r, sks_b, sks_r, sct, so_t,
                         DI: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                        PACK: tl.constexpr):
+                        PACK: tl.constexpr, FP4: tl.constexpr):
     t, nb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     e = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     heads, dd = tl.arange(0, BLOCK_H), tl.arange(0, DI)
@@ -185,7 +227,19 @@ def _index_score_kernel(q_ptr, w_ptr, key_ptr, out_ptr, req_ptr, pos_ptr, ctab_p
     valid = e < tl.where(live, (p + 1) // ratio, 0)
     per_block = block_size // ratio
     blk = tl.load(ctab_ptr + req * sct + e // per_block, mask=valid, other=0).to(tl.int64)
-    k = tl.load(key_ptr + (blk * sk_b + (e % per_block) * sk_r)[:, None] + dd[None, :], mask=valid[:, None], other=0.0)
+    if FP4:   # MXFP4 keys: two e2m1 codes per byte (low nibble first), one UE8M0 scale per 32 channels
+        byte = tl.load(key_ptr + (blk * sk_b + (e % per_block) * sk_r)[:, None] + (dd // 2)[None, :],
+                       mask=valid[:, None], other=0).to(tl.int32)
+        code = (byte >> ((dd % 2) * 4)[None, :]) & 15
+        ex, mb = (code & 7) >> 1, code & 1
+        mag = tl.where(ex == 0, mb.to(tl.float32) * 0.5,                          # 0, 0.5
+                       ((ex + 126) << 23 | mb << 22).to(tl.float32, bitcast=True))  # 2^(ex-1) · (1 + mb/2)
+        sb = tl.load(ksc_ptr + (blk * sks_b + (e % per_block) * sks_r)[:, None] + (dd // 32)[None, :],
+                     mask=valid[:, None], other=127).to(tl.int32)
+        k = tl.where((code & 8) != 0, -mag, mag) * (sb << 23).to(tl.float32, bitcast=True)
+        k = k.to(q_ptr.dtype.element_ty)
+    else:
+        k = tl.load(key_ptr + (blk * sk_b + (e % per_block) * sk_r)[:, None] + dd[None, :], mask=valid[:, None], other=0.0)
     q = tl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + dd[None, :], mask=hm[:, None], other=0.0)
     w = tl.load(w_ptr + t * sw_t + heads, mask=hm, other=0.0).to(tl.float32)
     s = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PREC), 0.0) * scale * w[:, None]   # [BH, BN]
@@ -198,38 +252,46 @@ def _index_score_kernel(q_ptr, w_ptr, key_ptr, out_ptr, req_ptr, pos_ptr, ctab_p
     else:
         tl.store(out, score, mask=e < n_cols)
 
-def _index_launch(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, pack: bool, block_n: int = 64):
+def _index_launch(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, pack: bool, block_n: int = 64,
+                  key_scales: torch.Tensor | None = None):
     N, HI, DI = q.shape
-    if q.dtype != index_keys.dtype:
+    fp4 = key_scales is not None
+    if fp4 and (index_keys.dtype != torch.uint8 or index_keys.shape[-1] * 2 != DI or key_scales.shape[-1] * 32 != DI):
+        raise ValueError(f"MXFP4 keys need uint8 packed views of width {DI // 2} and {DI // 32} scale bytes")
+    if not fp4 and q.dtype != index_keys.dtype:
         raise ValueError(f"indexer queries ({q.dtype}) and keys ({index_keys.dtype}) must have the same dtype")
+    ksc = key_scales if fp4 else index_keys                                # unused unless FP4
     n_cols = (meta.max_pos + 1) // ratio
     out = torch.empty(N, n_cols, dtype=torch.int64 if pack else torch.float32, device=q.device)
     if N == 0 or n_cols == 0: return out
     q, w = q.contiguous(), w.contiguous()
     _index_score_kernel[(N, triton.cdiv(n_cols, block_n))](
-        q, w, index_keys, out, meta.tok_req, meta.tok_pos, meta.tables, HI, n_cols, ratio, meta.block_size, scale,
-        q.stride(0), q.stride(1), w.stride(0), index_keys.stride(0), index_keys.stride(1), meta.tables.stride(0),
-        out.stride(0), DI=DI, BLOCK_H=max(16, triton.next_power_of_2(HI)), BLOCK_N=block_n,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", PACK=pack)
+        q, w, index_keys, ksc, out, meta.tok_req, meta.tok_pos, meta.tables, HI, n_cols, ratio, meta.block_size, scale,
+        q.stride(0), q.stride(1), w.stride(0), index_keys.stride(0), index_keys.stride(1), ksc.stride(0), ksc.stride(1),
+        meta.tables.stride(0), out.stride(0), DI=DI, BLOCK_H=max(16, triton.next_power_of_2(HI)), BLOCK_N=block_n,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", PACK=pack, FP4=fp4)
     return out
 
-def indexer_scores(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float) -> torch.Tensor:
+def indexer_scores(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, key_scales=None) -> torch.Tensor:
     """Indexer scores `[N, (max_pos + 1) // ratio]` fp32 of queries `q [N, H_I, d_I]` (RoPE applied) with head
     weights `w [N, H_I]` over each token's request keys (`index_keys [blocks, block_size // ratio, d_I]`);
-    `-inf` where an entry is not yet visible to the token."""
-    return _index_launch(q, w, index_keys, meta, ratio, scale, pack=False)
+    `-inf` where an entry is not yet visible to the token. MXFP4 keys (an FP8 cache): `index_keys` and
+    `key_scales` are `PagedKVCache.packed(..., index=True)`, decoded in the kernel; `q` then carries the same
+    simulation (`fake_quant_index`)."""
+    return _index_launch(q, w, index_keys, meta, ratio, scale, pack=False, key_scales=key_scales)
 
-def indexer_topk(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, topk: int) -> torch.Tensor:
+def indexer_topk(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, topk: int, key_scales=None) -> torch.Tensor:
     """`[N, min(topk, n_cols)]` int32: each token's best visible entries, best first, ties to the lower index
     (`topk_stable`'s rule); -1 where the token sees fewer than `topk` entries."""
-    keys = _index_launch(q, w, index_keys, meta, ratio, scale, pack=True)
+    keys = _index_launch(q, w, index_keys, meta, ratio, scale, pack=True, key_scales=key_scales)
     idx = torch.topk(keys, min(topk, keys.shape[1]), dim=-1).indices   # distinct keys: one correct answer
     n_vis = torch.where(meta.tok_pos >= 0, (meta.tok_pos + 1) // ratio, 0)
     return torch.where(idx < n_vis[:, None], idx, -1).to(torch.int32)
 
 # %% ../nbs/19_kernels_attention.ipynb #18965e1d
-def indexer_topk_ref(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, topk: int) -> torch.Tensor:
+def indexer_topk_ref(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, topk: int, key_scales=None) -> torch.Tensor:
     "Reference for `indexer_topk`: per request, gather keys, score as `Indexer.scores`, select with `topk_stable`."
+    if key_scales is not None: index_keys = dequantize_index_rows(index_keys, key_scales)
     k, bs = min(topk, (meta.max_pos + 1) // ratio), meta.block_size
     out = torch.full((q.shape[0], k), -1, dtype=torch.int32, device=q.device)
     for r in [r for r in meta.tok_req.unique().tolist() if r >= 0]:

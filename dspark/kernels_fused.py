@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .config import CSA, SLIDING
 from .kv_cache import _compress_chunk, _store, forward_cached
+from .quant import fake_quant_index, fake_quant_kv
 from .layers import apply_rope, rms_norm, rope_cos_sin
 
 # %% auto #0
@@ -112,25 +113,38 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     cos, sin = rope_cos_sin(inv, meta.tok_pos.clamp(min=0))
     qr = attn.q_norm(attn.wq_a(x))
     q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), attn.wkv(x)
-    qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, cache.window[layer_id], meta.slots)
+    sim, rope = cache.cc.fp8 or attn.qat, cfg.qk_rope_head_dim     # quantised rows go through the cache's codec
+    qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)
+    if sim:
+        keep = meta.slots >= 0
+        cache.write(cache.window[layer_id], meta.slots[keep] // meta.block_size, meta.slots[keep] % meta.block_size,
+                    fake_quant_kv(kv[keep], rope))
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r, a = attn.compressor.ratio, 0
         for s, n in zip(seqs, meta.lens):    # the compressors: reference code, per request
             xs, a = x[None, a:a + n], a + n
             _store(cache, cache.entries[layer_id], s.table,
-                   *_compress_chunk(attn.compressor, xs, s.start, cache.rings[layer_id], s.slot, inv, s.pooled_upto), r)
+                   *_compress_chunk(attn.compressor, xs, s.start, cache.rings[layer_id], s.slot, inv, s.pooled_upto),
+                   r, sim=sim)
             if attn.kind == CSA:
                 _store(cache, cache.index_keys[layer_id], s.table, *_compress_chunk(
-                    attn.indexer.compressor, xs, s.start, cache.index_rings[layer_id], s.slot, inv, s.pooled_upto), r)
+                    attn.indexer.compressor, xs, s.start, cache.index_rings[layer_id], s.slot, inv, s.pooled_upto),
+                    r, index=True, sim=sim)
         entries = cache.entries[layer_id]
         if attn.kind == CSA:
             ix = attn.indexer
             qi = qkv_rope_insert_(ix.wq_b(qr).view(N, ix.heads, ix.dim), cos, sin, cfg.rms_norm_eps, q_norm=False)[0]
+            if sim: qi = fake_quant_index(qi)
             w = ix.weights_proj(x).float() * ix.heads ** -0.5
-            idx = indexer_topk(qi, w, cache.index_keys[layer_id], meta, r, ix.dim ** -0.5, cfg.index_topk)
-    o = sparse_attention(q, cache.window[layer_id], attn.attn_sink, meta, cfg.sliding_window, cfg.head_dim ** -0.5,
-                         entries, r, idx)
+            keys, ksc = cache.packed(cache.index_keys[layer_id], index=True) if cache.cc.fp8 else (cache.index_keys[layer_id], None)
+            idx = indexer_topk(qi, w, keys, meta, r, ix.dim ** -0.5, cfg.index_topk, key_scales=ksc)
+    win, wsc, esc = cache.window[layer_id], None, None
+    if cache.cc.fp8:                                                 # FP8 rows: the kernel decodes the bytes
+        win, wsc = cache.packed(win)
+        if entries is not None: entries, esc = cache.packed(entries)
+    o = sparse_attention(q, win, attn.attn_sink, meta, cfg.sliding_window, cfg.head_dim ** -0.5, entries, r, idx,
+                         window_scales=wsc, entry_scales=esc, rope_dim=rope if cache.cc.fp8 else 0)
     return attn.output(o[None], cos[None], sin[None], x.dtype)[0]
 
 # %% ../nbs/20_kernels_fused.ipynb #29880103

@@ -13,14 +13,17 @@ from typing import Callable
 
 import torch
 
-from .attention import compressed_visible, sink_attention, window_mask
+from .attention import Attention, compressed_visible, sink_attention, window_mask
 from .config import CSA, SLIDING, ModelConfig
 from .layers import hc_head, hc_post, hc_pre, rope_cos_sin
 from .model import Transformer
+from .quant import dequantize_index_rows, dequantize_kv_rows, index_row_layout, quantize_index_rows
+from .quant import fake_quant_index, fake_quant_kv, kv_row_layout, quantize_kv_rows
 
 # %% auto #0
-__all__ = ['CacheConfig', 'ring_size', 'kv_bytes_per_token', 'elem_bytes', 'block_bytes', 'ring_bytes', 'plan_cache',
-           'profile_line', 'PagedKVCache', 'SeqView', 'attend_cached', 'forward_cached']
+__all__ = ['KV_CACHE_DTYPES', 'CacheConfig', 'ring_size', 'row_bytes', 'kv_bytes_per_token', 'elem_bytes', 'block_bytes',
+           'ring_bytes', 'plan_cache', 'profile_line', 'cache_format', 'simulate_qat', 'PagedKVCache', 'SeqView',
+           'attend_cached', 'forward_cached']
 
 # %% ../nbs/06_kv_cache.ipynb #4f780e51
 @dataclass
@@ -31,30 +34,38 @@ class CacheConfig:
     num_window_blocks: int = 64     # window group
     max_seqs: int = 16              # compressor-ring slots
     lookahead: int = 0
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype = torch.float32   # the rows' dtype; with `fp8`, the dtype they are read back in
+    fp8: bool = False                    # FP8 rows (fp8_ds_mla layout) and MXFP4 indexer keys (see "KV formats")
 
 def ring_size(ratio: int, overlap: bool, lookahead: int) -> int:
     "Slots a compressor ring needs so that every window it may still pool is intact."
     return (2 if overlap else 1) * ratio + lookahead
 
 # %% ../nbs/06_kv_cache.ipynb #0f21c951
-def kv_bytes_per_token(cfg: ModelConfig, elem_bytes: int = 2, include_window: bool = False) -> float:
+def row_bytes(cfg: ModelConfig, elem_bytes: int = 2, fp8: bool = False) -> tuple[int, int]:
+    "Bytes of one K=V row (window row or compressed entry) and of one indexer key."
+    if fp8: return sum(kv_row_layout(cfg.head_dim, cfg.qk_rope_head_dim)), sum(index_row_layout(cfg.index_head_dim))
+    return cfg.head_dim * elem_bytes, cfg.index_head_dim * elem_bytes
+
+def kv_bytes_per_token(cfg: ModelConfig, elem_bytes: int = 2, include_window: bool = False, fp8: bool = False) -> float:
     "Growing KV bytes per token over the target layers (reference §3.3); optionally with the window rows."
-    d, di, total = cfg.head_dim, cfg.index_head_dim, 0.0
+    main, index = row_bytes(cfg, elem_bytes, fp8)
+    total = 0.0
     for i in range(cfg.num_hidden_layers):
         r = cfg.ratio(i)
-        if r: total += d * elem_bytes / r
-        if cfg.layer_type(i) == CSA: total += di * elem_bytes / r
-        if include_window: total += d * elem_bytes
+        if r: total += main / r
+        if cfg.layer_type(i) == CSA: total += index / r
+        if include_window: total += main
     return total
 
 # %% ../nbs/06_kv_cache.ipynb #321016f2
 def elem_bytes(dtype: torch.dtype) -> int: return torch.empty((), dtype=dtype).element_size()
 
-def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> tuple[int, int]:
+def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, fp8: bool = False) -> tuple[int, int]:
     "Bytes of one block in the (compressed group, window group)."
     e = elem_bytes(dtype)
-    return round(kv_bytes_per_token(cfg, e) * block_size), cfg.num_hidden_layers * block_size * cfg.head_dim * e
+    return (round(kv_bytes_per_token(cfg, e, fp8=fp8) * block_size),
+            cfg.num_hidden_layers * block_size * row_bytes(cfg, e, fp8)[0])
 
 def ring_bytes(cfg: ModelConfig, lookahead: int) -> int:
     "Bytes of one request's compressor rings (fp32 projected values and scores)."
@@ -67,9 +78,9 @@ def ring_bytes(cfg: ModelConfig, lookahead: int) -> int:
     return total
 
 def plan_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, max_seqs: int, max_batched_tokens: int,
-               lookahead: int = 0, dtype: torch.dtype = torch.float32) -> CacheConfig:
+               lookahead: int = 0, dtype: torch.dtype = torch.float32, fp8: bool = False) -> CacheConfig:
     "Split `budget_bytes` into rings, window blocks for `max_seqs` running requests, and compressed blocks."
-    comp_b, win_b = block_bytes(cfg, block_size, dtype)
+    comp_b, win_b = block_bytes(cfg, block_size, dtype, fp8)
     per_seq = math.ceil((cfg.sliding_window - 1 + lookahead) / block_size) + 1
     n_win = max_seqs * per_seq + math.ceil(max_batched_tokens / block_size) + 1
     left = budget_bytes - n_win * win_b - max_seqs * ring_bytes(cfg, lookahead)
@@ -78,15 +89,39 @@ def plan_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, max_seqs: i
         raise ValueError(f"KV cache budget of {budget_bytes / 2**20:.1f} MiB is too small: max_num_seqs={max_seqs} "
                          f"needs at least {need / 2**20:.1f} MiB (lower max_num_seqs or raise the budget)")
     return CacheConfig(block_size=block_size, num_blocks=left // comp_b, num_window_blocks=n_win,
-                       max_seqs=max_seqs, lookahead=lookahead, dtype=dtype)
+                       max_seqs=max_seqs, lookahead=lookahead, dtype=dtype, fp8=fp8)
 
 def profile_line(cfg: ModelConfig, cc: CacheConfig, max_model_len: int) -> str:
     "The start-up line users look for: KV blocks, KV tokens, bytes per token, max concurrency."
     tokens = cc.num_blocks * cc.block_size
     return (f"KV cache: {cc.num_blocks} blocks x {cc.block_size} tokens = {tokens} KV tokens, "
-            f"{kv_bytes_per_token(cfg, elem_bytes(cc.dtype)):.0f} B/token (compressed entries + indexer keys, "
-            f"{cc.dtype}), {cc.num_window_blocks} window blocks; max concurrency at max_model_len="
+            f"{kv_bytes_per_token(cfg, elem_bytes(cc.dtype), fp8=cc.fp8):.0f} B/token (compressed entries + indexer keys, "
+            f"{'fp8_ds_mla rows + MXFP4 indexer keys' if cc.fp8 else cc.dtype}), {cc.num_window_blocks} window blocks; "
+            f"max concurrency at max_model_len="
             f"{max_model_len}: {tokens / max_model_len:.2f}x")
+
+# %% ../nbs/06_kv_cache.ipynb #6cfd5d71
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
+
+def cache_format(kv_cache_dtype: str, model_dtype: torch.dtype, device: str | torch.device = "cpu") -> tuple[torch.dtype, bool]:
+    "`(dtype, fp8)` for `CacheConfig` from a `--kv-cache-dtype` value; `auto` is the model's dtype."
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "auto": return model_dtype, False
+    if kv_cache_dtype == "bf16": return torch.bfloat16, False
+    if model_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"kv_cache_dtype='fp8' needs a float32 or bfloat16 model (rows are read back exactly only "
+                         f"in those), got {model_dtype}")
+    try: torch.ones(2, device=device).to(torch.float8_e4m3fn).view(torch.uint8)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"kv_cache_dtype='fp8': device {device} cannot convert to float8_e4m3fn ({e})") from e
+    return model_dtype, True
+
+def simulate_qat(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
+    "Switch the official code's activation quantisation on (or off) in every attention layer of the reference forward."
+    for m in model.modules():
+        if isinstance(m, Attention): m.qat = on
+    return model
 
 # %% ../nbs/06_kv_cache.ipynb #606a7d33
 class PagedKVCache:
@@ -96,20 +131,45 @@ class PagedKVCache:
         ratios = {cfg.ratio(i) for i in range(cfg.num_hidden_layers)} - {0}
         if any(cc.block_size % r for r in ratios):
             raise ValueError(f"block_size {cc.block_size} must be a multiple of every compress ratio {sorted(ratios)}")
-        z = lambda *s: torch.zeros(*s, dtype=cc.dtype, device=device)
         d, di, bs, nb = cfg.head_dim, cfg.index_head_dim, cc.block_size, cc.num_blocks
-        self.window = [z(cc.num_window_blocks, bs, d) for _ in range(cfg.num_hidden_layers)]
+        self.layouts = ((kv_row_layout(d, cfg.qk_rope_head_dim), index_row_layout(di)) if cc.fp8 else (None, None))
+        def pool(n: int, rows: int, width: int, index: bool = False) -> torch.Tensor:
+            layout = self.layouts[index]
+            if layout is None: return torch.zeros(n, rows, width, dtype=cc.dtype, device=device)
+            return torch.zeros(n, rows * sum(layout), dtype=torch.uint8, device=device)   # one byte slab per block
+        z = lambda *s: torch.zeros(*s, dtype=torch.float32, device=device)
+        self.window = [pool(cc.num_window_blocks, bs, d) for _ in range(cfg.num_hidden_layers)]
         self.entries, self.index_keys, self.rings, self.index_rings = {}, {}, {}, {}
         for i in range(cfg.num_hidden_layers):
             r, kind = cfg.ratio(i), cfg.layer_type(i)
             if kind == SLIDING: continue
-            self.entries[i] = z(nb, bs // r, d)
+            self.entries[i] = pool(nb, bs // r, d)
             R = ring_size(r, kind == CSA, cc.lookahead)
             w = (2 if kind == CSA else 1) * d
-            self.rings[i] = (z(cc.max_seqs, R, w).float(), z(cc.max_seqs, R, w).float())
+            self.rings[i] = (z(cc.max_seqs, R, w), z(cc.max_seqs, R, w))
             if kind == CSA:
-                self.index_keys[i] = z(nb, bs // r, di)
-                self.index_rings[i] = (z(cc.max_seqs, R, 2 * di).float(), z(cc.max_seqs, R, 2 * di).float())
+                self.index_keys[i] = pool(nb, bs // r, di, index=True)
+                self.index_rings[i] = (z(cc.max_seqs, R, 2 * di), z(cc.max_seqs, R, 2 * di))
+
+    def packed(self, pool: torch.Tensor, index: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        "An FP8 pool as views `(data [blocks, rows, data bytes], scales [blocks, rows, scale bytes])`."
+        db, sb = self.layouts[index]
+        n = pool.shape[1] // (db + sb)
+        return pool[:, :n * db].view(-1, n, db), pool[:, n * db:].view(-1, n, sb)
+
+    def write(self, pool: torch.Tensor, blocks: torch.Tensor, rows: torch.Tensor, x: torch.Tensor, index: bool = False) -> None:
+        "Store rows `x [m, width]` at `(blocks, rows)` of a pool, quantising them in an FP8 cache."
+        if not self.cc.fp8: pool[blocks, rows] = x.to(pool.dtype); return
+        data, scales = self.packed(pool, index)
+        data[blocks, rows], scales[blocks, rows] = (quantize_index_rows(x) if index else
+                                                    quantize_kv_rows(x, self.cfg.qk_rope_head_dim))
+
+    def read(self, pool: torch.Tensor, blocks: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype, index: bool = False) -> torch.Tensor:
+        "Rows at `(blocks, rows)` of a pool in `dtype` (dequantised from an FP8 cache)."
+        if not self.cc.fp8: return pool[blocks, rows].to(dtype)
+        data, scales = self.packed(pool, index)
+        d, sc = data[blocks, rows], scales[blocks, rows]
+        return (dequantize_index_rows(d, sc) if index else dequantize_kv_rows(d, sc, self.cfg.qk_rope_head_dim)).to(dtype)
 
     def rows(self, table: list[int], start: int, end: int, per: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         "(block ids, row ids) of positions (or entries, `per` tokens each) `[start, end)`."
@@ -151,10 +211,13 @@ def _compress_chunk(comp, x: torch.Tensor, start: int, ring, slot: int, inv: tor
     ring[0][slot, keep % R], ring[1][slot, keep % R] = kv[0, -R:], sc[0, -R:]
     return first, new
 
-def _store(cache: PagedKVCache, pool: torch.Tensor, table: list[int], first: int, new, ratio: int) -> None:
-    if new is not None:
-        b, o = cache.rows(table, first, first + new.shape[1], ratio)
-        pool[b, o] = new[0].to(pool.dtype)
+def _store(cache: PagedKVCache, pool: torch.Tensor, table: list[int], first: int, new, ratio: int,
+           index: bool = False, sim: bool = False) -> None:
+    "Write new compressed entries (or, `index`, indexer keys); `sim`: after the QAT simulation."
+    if new is None: return
+    if sim: new = fake_quant_index(new) if index else fake_quant_kv(new, cache.cfg.qk_rope_head_dim)
+    b, o = cache.rows(table, first, first + new.shape[1], ratio)
+    cache.write(pool, b, o, new[0], index)
 
 def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: PagedKVCache) -> torch.Tensor:
     "Layer `layer_id` attention for one request's new tokens `x [1, n, D]`, reading and extending the cache."
@@ -163,29 +226,32 @@ def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: Pag
     inv = attn.inv_freq.to(x.device)
     cos, sin = rope_cos_sin(inv, pos)
     q, qr, kv = attn.qkv(x, cos, sin)
+    sim = cache.cc.fp8 or attn.qat                             # the QAT simulation: FP8 storage applies it
+    if sim: kv = fake_quant_kv(kv, cfg.qk_rope_head_dim)
     w0 = min(max(s, seq.pooled_upto), s + n)                   # rows below `pooled_upto` are cached (and may be shared)
     b, o = cache.rows(seq.window_table, w0, s + n)
-    cache.window[layer_id][b, o] = kv[0, w0 - s:].to(cache.cc.dtype)
+    cache.write(cache.window[layer_id], b, o, kv[0, w0 - s:])
     lo = max(0, s - cfg.sliding_window + 1)
     b, o = cache.rows(seq.window_table, lo, s + n)
-    keys = cache.window[layer_id][b, o].unsqueeze(0).to(kv.dtype)
+    keys = cache.read(cache.window[layer_id], b, o, kv.dtype).unsqueeze(0)
     mask = window_mask(pos, torch.arange(lo, s + n, device=x.device), cfg.sliding_window).unsqueeze(0)
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
         ring, up = cache.rings[layer_id], seq.pooled_upto
-        _store(cache, cache.entries[layer_id], seq.table, *_compress_chunk(attn.compressor, x, s, ring, seq.slot, inv, up), r)
+        _store(cache, cache.entries[layer_id], seq.table, *_compress_chunk(attn.compressor, x, s, ring, seq.slot, inv, up),
+               r, sim=sim)
         if attn.kind == CSA:
             ring = cache.index_rings[layer_id]
             _store(cache, cache.index_keys[layer_id], seq.table,
-                   *_compress_chunk(attn.indexer.compressor, x, s, ring, seq.slot, inv, up), r)
+                   *_compress_chunk(attn.indexer.compressor, x, s, ring, seq.slot, inv, up), r, index=True, sim=sim)
         total = (s + n) // r
         if total:
             b, o = cache.rows(seq.table, 0, total, r)
             use = compressed_visible(pos, total, r).unsqueeze(0)
             if attn.kind == CSA:
-                ikeys = cache.index_keys[layer_id][b, o].unsqueeze(0)
-                use = attn.indexer.choose(x, qr, cos, sin, ikeys, use)
-            keys = torch.cat([keys, cache.entries[layer_id][b, o].unsqueeze(0).to(kv.dtype)], dim=1)
+                ikeys = cache.read(cache.index_keys[layer_id], b, o, torch.float32, index=True).unsqueeze(0)
+                use = attn.indexer.choose(x, qr, cos, sin, ikeys, use, sim)
+            keys = torch.cat([keys, cache.read(cache.entries[layer_id], b, o, kv.dtype).unsqueeze(0)], dim=1)
             mask = torch.cat([mask, use], dim=-1)
     out = sink_attention(q, keys, mask, attn.attn_sink, cfg.head_dim ** -0.5)
     return attn.output(out, cos, sin, x.dtype)

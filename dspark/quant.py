@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 
 # %% auto #0
-__all__ = ['FP8_MAX', 'FP4_MAX', 'FP4_VALUES', 'e8m0_to_float', 'quantize_fp8', 'dequantize_fp8', 'quantize_fp4',
-           'dequantize_fp4']
+__all__ = ['FP8_MAX', 'FP4_MAX', 'FP4_VALUES', 'KV_BLOCK', 'INDEX_BLOCK', 'e8m0_to_float', 'quantize_fp8', 'dequantize_fp8',
+           'quantize_fp4', 'dequantize_fp4', 'kv_row_layout', 'index_row_layout', 'quantize_kv_rows',
+           'dequantize_kv_rows', 'fake_quant_kv', 'hadamard', 'quantize_index_rows', 'dequantize_index_rows',
+           'fake_quant_index']
 
 # %% ../nbs/04_quant.ipynb #d3d7fcdb
 FP8_MAX, FP4_MAX = 448.0, 6.0
@@ -69,3 +71,69 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -
     codes = torch.stack((u & 0xF, u >> 4), dim=-1).flatten(-2)
     vals = FP4_VALUES[codes & 7] * (1 - 2 * (codes >> 3)).float()
     return vals * e8m0_to_float(scale).repeat_interleave(block, -1)
+
+# %% ../nbs/04_quant.ipynb #444144e7
+KV_BLOCK, INDEX_BLOCK = 64, 32     # FP8 block of the KV nope channels; FP4 block of the indexer q/k
+
+def kv_row_layout(head_dim: int, rope_dim: int) -> tuple[int, int]:
+    "(data bytes, scale bytes) of one FP8 KV row: FP8 nope + BF16 rope, then one UE8M0 per 64 nope channels padded to 8 bytes."
+    nope = head_dim - rope_dim
+    if nope % KV_BLOCK: raise ValueError(f"FP8 KV rows need head_dim - rope_dim to be a multiple of {KV_BLOCK}, got {nope}")
+    return nope + 2 * rope_dim, -(-(nope // KV_BLOCK) // 8) * 8
+
+def index_row_layout(dim: int) -> tuple[int, int]:
+    "(data bytes, scale bytes) of one MXFP4 indexer key: two values per byte, one UE8M0 per 32."
+    if dim % INDEX_BLOCK: raise ValueError(f"FP4 indexer keys need a multiple of {INDEX_BLOCK} channels, got {dim}")
+    return dim // 2, dim // INDEX_BLOCK
+
+def quantize_kv_rows(x: torch.Tensor, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "`x [..., d]` -> (uint8 data `[..., nope + 2·rope]`: FP8 nope then BF16 rope; uint8 UE8M0 scales `[..., S]`)."
+    d = x.shape[-1]
+    nope, (_, nscale) = d - rope_dim, kv_row_layout(d, rope_dim)
+    b = x[..., :nope].float().unflatten(-1, (nope // KV_BLOCK, KV_BLOCK))
+    e = _pow2_scale(b.abs().amax(-1), FP8_MAX)
+    v = (b / torch.exp2(e.float() - 127).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    rope = x[..., nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    scales = torch.zeros(*x.shape[:-1], nscale, dtype=torch.uint8, device=x.device)
+    scales[..., : nope // KV_BLOCK] = e.to(torch.uint8)
+    return torch.cat([v.flatten(-2).view(torch.uint8), rope], dim=-1), scales
+
+def dequantize_kv_rows(data: torch.Tensor, scales: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    "Inverse of `quantize_kv_rows`: fp32 `[..., nope + rope]`."
+    nope = data.shape[-1] - 2 * rope_dim
+    v = data[..., :nope].contiguous().view(torch.float8_e4m3fn).float().unflatten(-1, (nope // KV_BLOCK, KV_BLOCK))
+    v = v * e8m0_to_float(scales[..., : nope // KV_BLOCK]).unsqueeze(-1)
+    return torch.cat([v.flatten(-2), data[..., nope:].contiguous().view(torch.bfloat16).float()], dim=-1)
+
+def fake_quant_kv(x: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    "The official QAT simulation of a K=V row: FP8 (block 64, pow2 scale) nope channels, BF16 rope; in `x.dtype`."
+    return dequantize_kv_rows(*quantize_kv_rows(x, rope_dim), rope_dim).to(x.dtype)
+
+# %% ../nbs/04_quant.ipynb #3f9b6d40
+_HADAMARD: dict[int, torch.Tensor] = {}
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    "`x [..., n]` (n a power of two) rotated by the normalised Sylvester–Hadamard matrix, in fp32."
+    n = x.shape[-1]
+    if n & (n - 1): raise ValueError(f"the Hadamard rotation needs a power-of-two width, got {n}")
+    if n not in _HADAMARD:
+        h = torch.ones(1, 1)
+        while h.shape[0] < n: h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        _HADAMARD[n] = h * n ** -0.5
+    return x.float() @ _HADAMARD[n].to(x.device)
+
+def quantize_index_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "`x [..., n]` -> (uint8 packed FP4 `[..., n/2]`, uint8 UE8M0 scales `[..., n/32]`): the MXFP4 indexer key."
+    n = x.shape[-1]
+    index_row_layout(n)
+    p, s = quantize_fp4(x.reshape(-1, n), INDEX_BLOCK)
+    return p.view(torch.uint8).view(*x.shape[:-1], n // 2), s.view(torch.uint8).view(*x.shape[:-1], n // INDEX_BLOCK)
+
+def dequantize_index_rows(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    "Inverse of `quantize_index_rows`: fp32 `[..., n]`."
+    n = packed.shape[-1] * 2
+    return dequantize_fp4(packed.reshape(-1, n // 2), scales.reshape(-1, n // INDEX_BLOCK), INDEX_BLOCK).view(*packed.shape[:-1], n)
+
+def fake_quant_index(x: torch.Tensor) -> torch.Tensor:
+    "The official QAT simulation of an indexer query or key: Hadamard rotation, then FP4 (block 32, pow2 scale); in `x.dtype`."
+    return dequantize_index_rows(*quantize_index_rows(hadamard(x))).to(x.dtype)

@@ -319,6 +319,10 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("max-num-batched-tokens", type=int, default=2048); f("block-size", type=int, default=None)
     f("gpu-memory-utilization", type=float, default=0.9)
     f("kv-cache-memory-bytes", type=int, default=None, help="KV-cache budget in bytes (overrides the utilisation rule)")
+    from dspark.kv_cache import KV_CACHE_DTYPES
+    f("kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
+      help="auto: the model's dtype; fp8: FP8 rows + MXFP4 indexer keys, as the real checkpoints were trained")
+    f("fp8-draft-head", action="store_true", help="the DSpark drafter's vocabulary projection in rowwise FP8")
     f("enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     f("attention-backend", choices=["auto", "reference", "triton"], default="auto",
       help="auto: the batched Triton kernels on CUDA, the reference per-request path on CPU")
@@ -362,7 +366,7 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     "The resolved configuration and the memory plan lines, from the checkpoint's config alone (no weights loaded)."
     from dspark.config import load_config
     from dspark.engine import default_block_size, speculative_depth
-    from dspark.kv_cache import plan_cache, profile_line
+    from dspark.kv_cache import cache_format, plan_cache, profile_line
     from dspark.parallel import check_tp_size
     import torch
     path = Path(a.model)
@@ -382,7 +386,8 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     conf = dict(model=str(path), served_model_name=a.served_model_name, speculative=mode, num_speculative_tokens=K,
                 tensor_parallel_size=a.tensor_parallel_size, device=a.device, dtype=a.dtype, max_model_len=max_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, block_size=block,
-                enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, batch_invariant=a.batch_invariant, host=a.host, port=a.port,
+                enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
+                kv_cache_dtype=a.kv_cache_dtype, fp8_draft_head=a.fp8_draft_head, host=a.host, port=a.port,
                 api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests)
     cap = capacity_config(a)
     if cap is not None and mode != "dspark": raise SystemExit(f"error: --capacity {a.capacity} needs --speculative dspark, got {mode}")
@@ -392,7 +397,8 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
         plan.append(f"KV cache: sized at start-up from gpu_memory_utilization={a.gpu_memory_utilization} after the weights load")
     else:
         try:
-            cc = plan_cache(cfg, budget, block, a.max_num_seqs, a.max_num_batched_tokens, K, dtype)
+            kv_dtype, fp8 = cache_format(a.kv_cache_dtype, dtype, a.device)
+            cc = plan_cache(cfg, budget, block, a.max_num_seqs, a.max_num_batched_tokens, K, kv_dtype, fp8)
             plan.append(profile_line(cfg, cc, max_len))
         except ValueError as e: raise SystemExit(f"error: {e}") from None
     return conf, plan
@@ -408,7 +414,7 @@ def build_llm(a: argparse.Namespace) -> LLM:
                block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
                gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching,
                attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
-               capacity=capacity_config(a))
+               capacity=capacity_config(a), kv_cache_dtype=a.kv_cache_dtype, fp8_draft_head=a.fp8_draft_head)
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)

@@ -131,6 +131,75 @@ def test_attend_batch_matches_attend_cached(tiny_model):
             assert (fast_cache.window[layer] - ref_cache.window[layer]).abs().max() <= TOL
 
 
+@pytest.mark.parametrize("mode", ["sliding", "csa", "hca"])
+def test_sparse_attention_reads_fp8_rows(mode):
+    "FP8 rows (`kv_cache_dtype='fp8'`) are decoded in the kernel: it matches the reference on torch-dequantised rows."
+    meta, nb, g = _batch([(37, 1), (50, 4), (0, 12), (29, 3)])
+    cfg = preset("tiny")                                               # head_dim 128: 64 FP8 + 64 BF16 rope channels
+    H, d, r, w = 4, cfg.head_dim, 4, 16
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=nb, num_window_blocks=nb, max_seqs=1, fp8=True), DEV)
+    spread = torch.logspace(-2, 1, d, device=DEV)                      # channels of different magnitudes, some subnormal
+    cache.write(cache.window[0], torch.arange(nb).repeat_interleave(16), torch.arange(16).repeat(nb), _rand(g, nb * 16, d) * spread)
+    cache.write(cache.entries[2], torch.arange(nb).repeat_interleave(4), torch.arange(4).repeat(nb), _rand(g, nb * 4, d))
+    (wd, ws), (ed, es) = cache.packed(cache.window[0]), cache.packed(cache.entries[2])
+    q, sink = _rand(g, len(meta.tok_pos), H, d), _rand(g, H)
+    kw = dict(window_scales=ws, rope_dim=cfg.qk_rope_head_dim)
+    if mode != "sliding": kw.update(entries=ed, entry_scales=es, ratio=r)
+    if mode == "csa":
+        idx = torch.full((len(meta.tok_pos), 5), -1, dtype=torch.int32)
+        for t, p in enumerate(meta.tok_pos.tolist()):
+            c = torch.randperm(max(p + 1, 0) // r, generator=g)[:5]
+            idx[t, :len(c)] = c.int()
+        kw["topk_idx"] = idx.to(DEV)
+    o = sparse_attention(q, wd, sink, meta, w, d ** -0.5, **kw)
+    ref = sparse_attention_ref(q, wd, sink, meta, w, d ** -0.5, **kw)
+    assert (o - ref).abs().max() <= TOL * ref.abs().max().clamp_min(1)   # rows up to ~10: fp32 rounding, relative
+    assert o[-3:].abs().max() == 0
+    with pytest.raises(ValueError, match="FP8 rows"):
+        sparse_attention(q.half(), wd, sink, meta, w, d ** -0.5, **kw)
+
+
+def test_indexer_reads_mxfp4_keys():
+    "MXFP4 keys are decoded in the kernel: identical selections to the reference on torch-dequantised keys."
+    from dspark.quant import fake_quant_index
+    meta, _, g = _batch([(37, 1), (50, 4), (0, 12), (70, 2)], pad=2, seed=1)
+    cfg = preset("tiny")
+    HI, di, r, K, N = 4, cfg.index_head_dim, 4, 8, len(meta.tok_pos)
+    nb = int(meta.tables.max()) + 1
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=nb, num_window_blocks=1, max_seqs=1, fp8=True), DEV)
+    cache.write(cache.index_keys[2], torch.arange(nb).repeat_interleave(4), torch.arange(4).repeat(nb),
+                fake_quant_index(_rand(g, nb * 4, di)), index=True)
+    keys, ksc = cache.packed(cache.index_keys[2], index=True)
+    q, w = fake_quant_index(_rand(g, N, HI, di)), _rand(g, N, HI)
+    idx = indexer_topk(q, w, keys, meta, r, di ** -0.5, K, key_scales=ksc)
+    assert torch.equal(idx, indexer_topk_ref(q, w, keys, meta, r, di ** -0.5, K, key_scales=ksc))
+    from dspark.quant import dequantize_index_rows
+    plain = indexer_scores(q, w, dequantize_index_rows(keys, ksc), meta, r, di ** -0.5)
+    assert torch.equal(indexer_scores(q, w, keys, meta, r, di ** -0.5, key_scales=ksc), plain)   # exact decode
+
+
+def test_attend_batch_on_an_fp8_cache(tiny_model):
+    "The batched layer on an FP8 cache (kernel-decoded rows and keys) against `attend_cached` on a copy of it."
+    cfg, g = tiny_model.cfg, torch.Generator().manual_seed(0)
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=3, lookahead=8, fp8=True))
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in (30, 84, 8)]
+    forward_cached(tiny_model, cache, prompts, [SeqView(t, t, i, 0) for i, t in enumerate(tables)])
+    step = [SeqView(t, t, i, len(p)) for i, (t, p) in enumerate(zip(tables, prompts))]
+    meta = batch_meta(step, [1, 4, 9], 16, pad_to=16)
+    x = torch.randn(16, cfg.hidden_size, generator=g)
+    with torch.no_grad():
+        for layer in (1, 2, 3):
+            attn = tiny_model.layers[layer].attn
+            fast_cache, ref_cache = copy.deepcopy(cache), copy.deepcopy(cache)
+            out = attend_batch(attn, layer, x, step, meta, fast_cache)
+            ref = torch.cat([attend_cached(attn, layer, x[None, a:e], s, ref_cache)[0]
+                             for a, e, s in zip([0, 1, 5], [1, 5, 14], step)])
+            assert (out[:14] - ref).abs().max() <= TOL, layer
+            assert out[14:].abs().max() == 0
+            assert torch.equal(fast_cache.window[layer], ref_cache.window[layer])        # the same bytes
+
+
 def test_llm_on_the_batched_triton_forward_matches_the_reference(tmp_path):
     """End to end through `LLM`: the batched Triton forward (`attention_backend="triton"`) gives the same greedy
     tokens and the same accepted drafts as the reference per-request forward, with DSpark drafting (so verify
