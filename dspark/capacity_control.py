@@ -79,9 +79,9 @@ class OnlineSTS:
 # %% ../nbs/21_capacity_control.ipynb #818d1d6a
 class DraftDepth:
     "One physical draft width for the batch, from the largest capacity used over a window of steps."
-    def __init__(self, K: int, window: int = 8, min_depth: int = 1):
+    def __init__(self, K: int, window: int = 8, min_depth: int = 0):
         if not isinstance(window, int) or window < 1: raise ValueError(f"draft-depth window must be an integer >= 1, got {window!r}")
-        if not 1 <= min_depth <= K: raise ValueError(f"min_depth must be in [1, {K}], got {min_depth}")
+        if not 0 <= min_depth <= K: raise ValueError(f"min_depth must be in [0, {K}], got {min_depth}")
         self.K, self.window, self.min_depth = K, window, min_depth
         self.reset()
 
