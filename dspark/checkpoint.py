@@ -17,11 +17,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import dspark
 from .config import ModelConfig, load_config, save_config
 from .model import Block, Transformer
 from .quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
 
-DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "default"   # the embedded trained model (see 18_train)
+DEFAULT_MODEL = Path(dspark.__file__).resolve().parent / "models" / "default"   # the embedded trained model (see 18_train)
 
 # %% auto #0
 __all__ = ['DEFAULT_MODEL', 'DTYPES', 'BOS', 'EOS', 'USER', 'ASSISTANT', 'NOISE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
