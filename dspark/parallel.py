@@ -86,8 +86,8 @@ class VocabParallelEmbedding(nn.Module):
 class ShardedIndexer(Indexer):
     "Lightning indexer over this rank's heads; scores all-reduced (with the global-head scale) before top-k."
     global_heads: int
-    def scores(self, x, qr, cos, sin, keys):
-        s = super().scores(x, qr, cos, sin, keys) * (self.heads / self.global_heads) ** 0.5
+    def scores(self, x, qr, cos, sin, keys, quant: bool = False):
+        s = super().scores(x, qr, cos, sin, keys, quant) * (self.heads / self.global_heads) ** 0.5
         dist.all_reduce(s)
         return s
 

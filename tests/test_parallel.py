@@ -53,8 +53,11 @@ def _perturb_logits(llm):
 
 @pytest.fixture(scope="module")
 def tp_dspark(ckd):
-    "One TP=2 DSpark engine for the module (spawning is slow), with rank 1's logits perturbed from the start."
-    llm = dspark.LLM(ckd, speculative="dspark", num_speculative_tokens=2, tensor_parallel_size=2, **KV)
+    """One TP=2 DSpark engine for the module (spawning is slow), with rank 1's logits perturbed from the start, and
+    capacity control on from 2 requests (its SPS curve and each step's capacity vector are rank 0's too)."""
+    from dspark.capacity_control import CapacityConfig
+    cap = CapacityConfig(sps=[(t, 100.0 - t) for t in (1, 2, 4, 8, 16)], activation=2)   # verifying is nearly free
+    llm = dspark.LLM(ckd, speculative="dspark", num_speculative_tokens=2, tensor_parallel_size=2, capacity=cap, **KV)
     llm.run_on_ranks(_perturb_logits)
     yield llm
     llm.close()
@@ -80,7 +83,7 @@ def test_bad_sizes_are_refused_before_workers_start(ckd):
 def test_dspark_tp2_greedy_identical_despite_a_perturbed_rank(ref_none, tp_dspark):
     "Rank 1 samples from noisy logits, yet the tokens are TP=1's: every rank applies rank 0's decisions."
     assert _ids(tp_dspark.generate(PROMPTS, SP, use_tqdm=False)) == ref_none
-    assert tp_dspark.spec_stats()["num_drafts"] > 0
+    assert tp_dspark.spec_stats()["num_drafts"] > 0 and tp_dspark.runner.capacity.stats.active_steps > 0
 
 
 def test_tp2_logits_match_unsharded(ckd, tp_dspark):
