@@ -208,12 +208,18 @@ class MoE(nn.Module):
         if input_ids is None: return per_token(lambda t: self.route(t, None), x, lead=x.dim() - 1)
         return per_token(self.route, x, input_ids.reshape(x.shape[:-1]), lead=x.dim() - 1)
 
+    first = 0   # global id of `experts[0]`: an expert-parallel shard holds experts [first, first + len(experts))
+
     def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
+        return self.partial(x, input_ids).to(x.dtype).reshape(x.shape)
+
+    def partial(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
+        "fp32 `[N, D]`: the shared expert plus the routed experts this module holds (all of them unless sharded)."
+        x = x.reshape(-1, x.shape[-1])
         weights, idx = self.gate(x, input_ids)
         out = self.shared_experts(x).float()
         for e in idx.unique().tolist():
+            if not self.first <= e < self.first + len(self.experts): continue
             tok, slot = (idx == e).nonzero(as_tuple=True)
-            out.index_add_(0, tok, self.experts[e](x[tok], weights[tok, slot, None]).float())
-        return out.to(x.dtype).reshape(shape)
+            out.index_add_(0, tok, self.experts[e - self.first](x[tok], weights[tok, slot, None]).float())
+        return out

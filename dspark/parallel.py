@@ -92,19 +92,12 @@ class ShardedIndexer(Indexer):
         return s
 
 class ExpertParallelMoE(MoE):
-    "Routed experts `[first, first + len(experts))` of this rank plus a slice of the shared expert; one all-reduce."
-    first: int
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        weights, idx = self.gate(x, input_ids)
-        out = self.shared_experts(x).float()                     # this rank's share of the shared expert
-        for e in idx.unique().tolist():
-            if not self.first <= e < self.first + len(self.experts): continue
-            tok, slot = (idx == e).nonzero(as_tuple=True)
-            out.index_add_(0, tok, self.experts[e - self.first](x[tok], weights[tok, slot, None]).float())
+    """Routed experts `[first, first + len(experts))` of this rank plus a slice of the shared expert; the partial
+    sums are all-reduced in fp32. Overrides `route`, so batch-invariant mode still runs it token by token."""
+    def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
+        out = self.partial(x, input_ids)
         dist.all_reduce(out)
-        return out.to(x.dtype).reshape(shape)
+        return out.to(x.dtype).reshape(x.shape)
 
 # %% ../nbs/22_parallel.ipynb #8339dc2a
 def shard_attention(attn: Attention, rank: int, world: int) -> None:

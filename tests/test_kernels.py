@@ -33,6 +33,14 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+def _random_topk(meta, r, g, k=5):
+    "Up to `k` random visible compressed entries per token (-1 padded): an indexer selection to attend over."
+    idx = torch.full((len(meta.tok_pos), k), -1, dtype=torch.int32)
+    for t, p in enumerate(meta.tok_pos.tolist()):
+        c = torch.randperm(max(p + 1, 0) // r, generator=g)[:k]
+        idx[t, :len(c)] = c.int()
+    return idx.to(DEV)
+
 def _batch(specs, bs=16, pad=3, seed=0):
     "Shuffled block tables for requests `specs = [(start, n)]`, flattened and padded."
     g = torch.Generator().manual_seed(seed)
@@ -56,11 +64,7 @@ def test_sparse_attention_matches_reference(mode):
     kw = {}
     if mode != "sliding": kw = dict(entries=ent, ratio=r)
     if mode == "csa":
-        idx = torch.full((len(meta.tok_pos), 5), -1, dtype=torch.int32)
-        for t, p in enumerate(meta.tok_pos.tolist()):
-            c = torch.randperm(max(p + 1, 0) // r, generator=g)[:5]
-            idx[t, :len(c)] = c.int()
-        kw["topk_idx"] = idx.to(DEV)
+        kw["topk_idx"] = _random_topk(meta, r, g)
     o = sparse_attention(q, win, sink, meta, w, d ** -0.5, **kw)
     assert (o - sparse_attention_ref(q, win, sink, meta, w, d ** -0.5, **kw)).abs().max() <= TOL
     assert o[-3:].abs().max() == 0                                    # padding tokens are inert
@@ -146,11 +150,7 @@ def test_sparse_attention_reads_fp8_rows(mode):
     kw = dict(window_scales=ws, rope_dim=cfg.qk_rope_head_dim)
     if mode != "sliding": kw.update(entries=ed, entry_scales=es, ratio=r)
     if mode == "csa":
-        idx = torch.full((len(meta.tok_pos), 5), -1, dtype=torch.int32)
-        for t, p in enumerate(meta.tok_pos.tolist()):
-            c = torch.randperm(max(p + 1, 0) // r, generator=g)[:5]
-            idx[t, :len(c)] = c.int()
-        kw["topk_idx"] = idx.to(DEV)
+        kw["topk_idx"] = _random_topk(meta, r, g)
     o = sparse_attention(q, wd, sink, meta, w, d ** -0.5, **kw)
     ref = sparse_attention_ref(q, wd, sink, meta, w, d ** -0.5, **kw)
     assert (o - ref).abs().max() <= TOL * ref.abs().max().clamp_min(1)   # rows up to ~10: fp32 rounding, relative
