@@ -199,7 +199,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
                  capacity: str | CapacityConfig | None = None, kv_cache_dtype: str = "auto",
-                 fp8_draft_head: bool = False):
+                 fp8_draft_head: bool = False, enforce_eager: bool = False):
         if speculative == "none": speculative = None
         capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
         if capacity is not None and speculative != "dspark":
@@ -233,6 +233,12 @@ class LLM:
                                   forward=self._forward_for(attention_backend, device, batch_invariant),
                                   canon=self._decision_canon())
         if capacity is not None: self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
+        self.graphs = None
+        if self._use_graphs(device, attention_backend, batch_invariant, enforce_eager):
+            from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
+            self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs)
+            self.runner.forward = self.graphs
+            log.info(self.graphs.summary())
         back = cfg.sliding_window if drafter else 0
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
@@ -255,6 +261,12 @@ class LLM:
     def _decision_canon(self):
         "How host decisions become canonical: as they are on one process; rank 0's broadcast under TP (`TPLLM`)."
         return _same
+
+    def _use_graphs(self, device: str, backend: str, invariant: bool, enforce_eager: bool) -> bool:
+        """CUDA graphs for decode/verify steps: on CUDA with the Triton forward, unless `enforce_eager`, batch-invariant
+        mode, or tensor parallelism (its ranks run eagerly)."""
+        return (str(device).startswith("cuda") and backend in ("auto", "triton") and not invariant and not enforce_eager
+                and getattr(self, "world", 1) == 1)
 
     @staticmethod
     def _forward_for(backend: str, device: str, invariant: bool = False):

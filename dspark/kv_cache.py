@@ -23,7 +23,7 @@ from .quant import fake_quant_index, fake_quant_kv, kv_row_layout, quantize_kv_r
 # %% auto #0
 __all__ = ['KV_CACHE_DTYPES', 'CacheConfig', 'ring_size', 'row_bytes', 'kv_bytes_per_token', 'elem_bytes', 'block_bytes',
            'ring_bytes', 'plan_cache', 'profile_line', 'cache_format', 'simulate_qat', 'PagedKVCache', 'SeqView',
-           'attend_cached', 'forward_cached']
+           'attend_cached', 'run_layers', 'forward_cached']
 
 # %% ../nbs/06_kv_cache.ipynb #4f780e51
 @dataclass
@@ -83,9 +83,11 @@ def plan_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, max_seqs: i
     comp_b, win_b = block_bytes(cfg, block_size, dtype, fp8)
     per_seq = math.ceil((cfg.sliding_window - 1 + lookahead) / block_size) + 1
     n_win = max_seqs * per_seq + math.ceil(max_batched_tokens / block_size) + 1
-    left = budget_bytes - n_win * win_b - max_seqs * ring_bytes(cfg, lookahead)
+    # + 1 of each: the scratch sink every `PagedKVCache` keeps for CUDA-graph padding rows
+    fixed = (n_win + 1) * win_b + (max_seqs + 1) * ring_bytes(cfg, lookahead) + comp_b
+    left = budget_bytes - fixed
     if left < comp_b:
-        need = n_win * win_b + max_seqs * ring_bytes(cfg, lookahead) + comp_b
+        need = fixed + comp_b
         raise ValueError(f"KV cache budget of {budget_bytes / 2**20:.1f} MiB is too small: max_num_seqs={max_seqs} "
                          f"needs at least {need / 2**20:.1f} MiB (lower max_num_seqs or raise the budget)")
     return CacheConfig(block_size=block_size, num_blocks=left // comp_b, num_window_blocks=n_win,
@@ -125,7 +127,10 @@ def simulate_qat(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
 
 # %% ../nbs/06_kv_cache.ipynb #606a7d33
 class PagedKVCache:
-    "Paged window rows, compressed entries and indexer keys, plus per-request compressor rings."
+    """Paged window rows, compressed entries and indexer keys, plus per-request compressor rings. Each pool has
+    one block more than `cc` asks for, and the rings one slot more: a scratch sink (`scratch_block`,
+    `scratch_window_block`, `scratch_slot`) that padding tokens of a CUDA-graph step write to, so a captured
+    step never needs a data-dependent branch to skip them. No request is ever given these."""
     def __init__(self, cfg: ModelConfig, cc: CacheConfig, device: str | torch.device = "cpu"):
         self.cfg, self.cc = cfg, cc
         ratios = {cfg.ratio(i) for i in range(cfg.num_hidden_layers)} - {0}
@@ -138,18 +143,19 @@ class PagedKVCache:
             if layout is None: return torch.zeros(n, rows, width, dtype=cc.dtype, device=device)
             return torch.zeros(n, rows * sum(layout), dtype=torch.uint8, device=device)   # one byte slab per block
         z = lambda *s: torch.zeros(*s, dtype=torch.float32, device=device)
-        self.window = [pool(cc.num_window_blocks, bs, d) for _ in range(cfg.num_hidden_layers)]
+        self.scratch_block, self.scratch_window_block, self.scratch_slot = nb, cc.num_window_blocks, cc.max_seqs
+        self.window = [pool(cc.num_window_blocks + 1, bs, d) for _ in range(cfg.num_hidden_layers)]
         self.entries, self.index_keys, self.rings, self.index_rings = {}, {}, {}, {}
         for i in range(cfg.num_hidden_layers):
             r, kind = cfg.ratio(i), cfg.layer_type(i)
             if kind == SLIDING: continue
-            self.entries[i] = pool(nb, bs // r, d)
+            self.entries[i] = pool(nb + 1, bs // r, d)
             R = ring_size(r, kind == CSA, cc.lookahead)
             w = (2 if kind == CSA else 1) * d
-            self.rings[i] = (z(cc.max_seqs, R, w), z(cc.max_seqs, R, w))
+            self.rings[i] = (z(cc.max_seqs + 1, R, w), z(cc.max_seqs + 1, R, w))
             if kind == CSA:
-                self.index_keys[i] = pool(nb, bs // r, di, index=True)
-                self.index_rings[i] = (z(cc.max_seqs, R, 2 * di), z(cc.max_seqs, R, 2 * di))
+                self.index_keys[i] = pool(nb + 1, bs // r, di, index=True)
+                self.index_rings[i] = (z(cc.max_seqs + 1, R, 2 * di), z(cc.max_seqs + 1, R, 2 * di))
 
     def packed(self, pool: torch.Tensor, index: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         "An FP8 pool as views `(data [blocks, rows, data bytes], scales [blocks, rows, scale bytes])`."
@@ -257,6 +263,23 @@ def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: Pag
     return attn.output(out, cos, sin, x.dtype)
 
 # %% ../nbs/06_kv_cache.ipynb #2cb41e09
+def run_layers(model: Transformer, ids: torch.Tensor, attend: Callable, taps: tuple[int, ...] = (),
+               mhc: tuple[Callable, Callable] = (hc_pre, hc_post)) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """The decoder stack over one step's tokens `ids [1, N]`: returns the residual streams after the last
+    layer `[1, N, hc, D]` and `{layer: hc-mean output [N, D]}` for `taps`. `attend(blk, y [1, N, D])` is the
+    attention of layer `blk` over the step (whatever reads and extends the cache); `mhc` the (pre, post)
+    hyper-connection functions, so a fused GPU pair can stand in for the reference."""
+    pre, post_fn, cfg = mhc[0], mhc[1], model.cfg
+    x = model.embed(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
+    tapped = {}
+    for blk in model.layers:
+        y, post, comb = pre(x, *blk.site("attn"), cfg)
+        x = post_fn(attend(blk, blk.attn_norm(y)), x, post, comb)
+        y, post, comb = pre(x, *blk.site("ffn"), cfg)
+        x = post_fn(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
+        if blk.layer_id in taps: tapped[blk.layer_id] = x[0].float().mean(dim=1)
+    return x, tapped
+
 @torch.no_grad()
 def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView],
                    taps: tuple[int, ...] = (), features: list | None = None, finals: list | None = None,
@@ -271,18 +294,11 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
     ids = torch.cat(chunks).unsqueeze(0).to(model.embed.weight.device)
     model.check_ids(ids, one_sequence=False)               # positions are per request (the scheduler bounds them)
     bounds = [0] + torch.tensor([len(c) for c in chunks]).cumsum(0).tolist()
-    x = model.embed(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
-    tapped = {}
-    for blk in model.layers:
-        y, post, comb = hc_pre(x, *blk.site("attn"), cfg)
-        y = blk.attn_norm(y)
-        att = (attend(blk.attn, blk.layer_id, y[0])[None] if attend else
-               torch.cat([attend_cached(blk.attn, blk.layer_id, y[:, a:e], sq, cache)
-                          for a, e, sq in zip(bounds, bounds[1:], seqs)], dim=1))
-        x = hc_post(att, x, post, comb)
-        y, post, comb = hc_pre(x, *blk.site("ffn"), cfg)
-        x = hc_post(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
-        if blk.layer_id in taps: tapped[blk.layer_id] = x[0].float().mean(dim=1)
+    def per_request(blk, y):
+        return torch.cat([attend_cached(blk.attn, blk.layer_id, y[:, a:e], sq, cache)
+                          for a, e, sq in zip(bounds, bounds[1:], seqs)], dim=1)
+    step = (lambda blk, y: attend(blk.attn, blk.layer_id, y[0])[None]) if attend else per_request
+    x, tapped = run_layers(model, ids, step, taps)
     if taps and features is not None:
         f = torch.cat([tapped[l] for l in taps], dim=-1)
         features.extend(f[a:e] for a, e in zip(bounds, bounds[1:]))

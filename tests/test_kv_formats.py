@@ -83,8 +83,8 @@ def test_fp8_fits_1_8x_the_bf16_tokens(name):
     small = CacheConfig(block_size=bs, num_blocks=4, num_window_blocks=3, max_seqs=1, fp8=True)
     cache = PagedKVCache(cfg, small, device="meta")
     pools = list(cache.entries.values()) + list(cache.index_keys.values())
-    assert sum(p.numel() for p in pools) == round(kv_bytes_per_token(cfg, fp8=True) * bs * 4)
-    assert sum(w.numel() for w in cache.window) == 3 * bs * cfg.num_hidden_layers * (584 if name == "medium" else 200)
+    assert sum(p.numel() for p in pools) == round(kv_bytes_per_token(cfg, fp8=True) * bs * (4 + 1))   # + scratch
+    assert sum(w.numel() for w in cache.window) == (3 + 1) * bs * cfg.num_hidden_layers * (584 if name == "medium" else 200)
 
 
 SPLITS = [[N], [131] + [1] * 19, [17] * 8 + [14]]                    # one-shot; prefill + decode steps; chunks
@@ -108,11 +108,11 @@ def test_fp8_rows_are_stored_compactly(tiny_model, ids):
     cache = PagedKVCache(cfg, CacheConfig(block_size=32, num_blocks=6, num_window_blocks=6, max_seqs=1, fp8=True))
     forward_cached(tiny_model, cache, [ids[:64]], [SeqView([0, 1], [2, 3], 0, 0)])
     data, scales = cache.packed(cache.window[0])
-    assert cache.window[0].dtype == torch.uint8 and data.shape == (6, 32, 64 + 128) and scales.shape == (6, 32, 8)
+    assert cache.window[0].dtype == torch.uint8 and data.shape == (7, 32, 64 + 128) and scales.shape == (7, 32, 8)   # 6 + scratch
     assert (scales[0, :, 0] > 0).all() and (scales[0, :, 1:] == 0).all()    # one UE8M0 scale, 7 pad bytes
     assert (scales[4:] == 0).all()                                            # untouched blocks
     kd, ks = cache.packed(cache.index_keys[2], index=True)
-    assert kd.shape == (6, 8, 64) and ks.shape == (6, 8, 4)
+    assert kd.shape == (7, 8, 64) and ks.shape == (7, 8, 4)
 
 
 def test_bad_kv_cache_dtype_is_named(tiny_ckpt):

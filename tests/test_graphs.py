@@ -1,0 +1,62 @@
+"""CUDA-graph step plumbing that a CPU can check: bucket sizes, which steps a graph may replay (and that the rest
+fall back to the eager forward with identical results), the engine and server switches. The fixed-shape step
+itself is checked against the reference in nbs/26_cuda_graphs; capture and replay need a GPU (.devrun GPU runs,
+recorded in nbs/bench_results/graphs_gpu.json)."""
+import pytest
+import torch
+
+import dspark
+from dspark.graphs import GraphRunner, bucket_sizes
+from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+
+
+def test_bucket_sizes_cover_every_count_with_bounded_padding():
+    for top in (1, 6, 16, 96, 384):
+        sizes = bucket_sizes(top)
+        assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == top
+        for n in range(1, top + 1):
+            b = next(s for s in sizes if s >= n)
+            assert b - n <= max(8, n // 2)            # a bucket never more than ~1.5x the step (or 8 rows)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model):
+    cc = CacheConfig(block_size=16, num_blocks=12, num_window_blocks=12, max_seqs=2, lookahead=3)
+    cache = PagedKVCache(tiny_model.cfg, cc)
+    calls = []
+    def eager(*a):
+        calls.append(a); return forward_cached(*a)
+    r = GraphRunner(tiny_model, cache, eager, max_num_seqs=2, lookahead=3, max_model_len=80, capture=False)
+    r.graphs = {n: None for n in r.sizes}              # pretend captured: only the eligibility rules are under test
+    return r, cache, calls
+
+
+def test_which_steps_a_graph_may_replay(runner):
+    r, cache, _ = runner
+    one, four, five = (torch.zeros(n, dtype=torch.long) for n in (1, 4, 5))
+    view = lambda start, pooled=0: SeqView([0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], 0, start, pooled)
+    assert r.max_tokens == 2 * 4 and r.sizes[-1] == 8
+    assert r.can_replay([one, four], [view(10), view(20)], (), None)          # decode + verify (1 + lookahead)
+    assert not r.can_replay([five], [view(10)], (), None)                     # more than 1 + lookahead: prefill
+    assert not r.can_replay([one], [view(10, pooled=16)], (), None)           # a cached prefix still pooling
+    assert not r.can_replay([one, one, one], [view(1), view(2), view(3)], (), None)   # more requests than rows
+    assert not r.can_replay([one], [view(10)], (2,), [])                      # taps/finals it was not captured with
+    assert not r.can_replay([one], [view(84)], (), None)                      # past max_model_len + lookahead
+    with dspark.batch_invariant():
+        assert not r.can_replay([one], [view(10)], (), None)
+
+
+def test_ineligible_steps_run_eagerly(runner, tiny_model):
+    r, cache, calls = runner
+    prompt = torch.arange(3, 40)
+    out = r(tiny_model, cache, [prompt], [SeqView([0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], 0, 0)])
+    assert len(calls) == 1 and r.eager_steps == 1 and out[0].shape == (37, tiny_model.cfg.vocab_size)
+
+
+def test_engine_and_server_switches(tiny_ckpt):
+    llm = dspark.LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20)
+    assert llm.graphs is None                                                   # CPU: nothing to capture
+    assert llm._use_graphs("cuda", "auto", False, False) and not llm._use_graphs("cuda", "auto", False, True)
+    assert not llm._use_graphs("cuda", "reference", False, False) and not llm._use_graphs("cuda", "auto", True, False)
+    from dspark.serve import parse_args
+    assert parse_args(["--model", str(tiny_ckpt), "--enforce-eager"]).enforce_eager
