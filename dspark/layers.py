@@ -304,8 +304,10 @@ def _swiglu(h13: torch.Tensor, weight: torch.Tensor, limit: float) -> torch.Tens
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: StackedExperts,
                     first: int, limit: float) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, from two grouped GEMMs over the pairs sorted by expert. No host
-    synchronisation on CPU or for bf16 on sm90/sm100 GPUs (see the prose above for other cases)."""
-    if not hasattr(torch, "_grouped_mm"): raise RuntimeError(f"impl='grouped' needs torch._grouped_mm (PyTorch >= 2.8), have {torch.__version__}")
+    synchronisation on CPU or for bf16 on sm90/sm100 GPUs; on other GPUs or dtypes `torch._grouped_mm` falls back
+    to a per-group loop that reads the group offsets on the host."""
+    if not hasattr(torch, "_grouped_mm"):
+        raise RuntimeError(f"impl='grouped' needs torch._grouped_mm (PyTorch >= 2.8), this is {torch.__version__}")
     (N, D), k, (E, inter) = x.shape, idx.shape[-1], (st.w2.shape[0], st.w2.shape[-1])
     align = 16 // x.element_size()
     if D % align or inter % align:
