@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +19,10 @@ from torch import nn
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq', 'rope_inv_freq',
-           'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post', 'hc_head', 'topk_stable',
-           'score_fn', 'Gate', 'Expert', 'MoE']
+__all__ = ['MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq',
+           'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post', 'hc_head',
+           'topk_stable', 'score_fn', 'Gate', 'Expert', 'MoE', 'StackedExperts', 'stack_experts', 'grouped_experts',
+           'dense_experts', 'set_moe_impl']
 
 # %% ../nbs/01_layers.ipynb #32ef50c9
 _MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
@@ -208,7 +210,8 @@ class MoE(nn.Module):
         if input_ids is None: return per_token(lambda t: self.route(t, None), x, lead=x.dim() - 1)
         return per_token(self.route, x, input_ids.reshape(x.shape[:-1]), lead=x.dim() - 1)
 
-    first = 0   # global id of `experts[0]`: an expert-parallel shard holds experts [first, first + len(experts))
+    first = 0       # global id of `experts[0]`: an expert-parallel shard holds experts [first, first + len(experts))
+    impl = "loop"   # the routed path: "loop" (this reference), or the sync-free "grouped" / "dense" (next section)
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         return self.partial(x, input_ids).to(x.dtype).reshape(x.shape)
@@ -218,8 +221,136 @@ class MoE(nn.Module):
         x = x.reshape(-1, x.shape[-1])
         weights, idx = self.gate(x, input_ids)
         out = self.shared_experts(x).float()
+        if self.impl != "loop" and not is_batch_invariant() and not self._grad_reaches_experts():
+            return out + _routed_sync_free(self, x, weights, idx)
         for e in idx.unique().tolist():
             if not self.first <= e < self.first + len(self.experts): continue
             tok, slot = (idx == e).nonzero(as_tuple=True)
             out.index_add_(0, tok, self.experts[e - self.first](x[tok], weights[tok, slot, None]).float())
         return out
+
+    def _grad_reaches_experts(self) -> bool:
+        return torch.is_grad_enabled() and self.experts[0].w1.weight.requires_grad
+
+    def _apply(self, fn, recurse=True):
+        "`.to()`, `.cuda()`, `.half()` convert each parameter on its own: restack experts that were stacked."
+        super()._apply(fn, recurse)
+        st = self.__dict__.get("_stacked")
+        if st is not None and st.ptrs != _ends(self.experts):
+            del self._stacked                  # free the old stacks before allocating the new ones
+            stack_experts(self)
+        return self
+
+# %% ../nbs/01_layers.ipynb #952e7c75
+MOE_IMPLS = ("loop", "grouped", "dense")
+
+@dataclass
+class StackedExperts:
+    """The routed experts of one MoE as two tensors that every expert's weights are views of. `ptrs` are the
+    data pointers of the first and last expert's `(w1, w3, w2)` weights when stacked: if those change, the
+    parameters have new storage and the stacks are stale."""
+    w13: torch.Tensor                  # [E, 2I, D]: expert e's w1 rows, then its w3 rows
+    w2: torch.Tensor                   # [E, D, I]
+    ptrs: tuple[int, ...]
+
+def _weights(ex: Expert) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return ex.w1.weight, ex.w3.weight, ex.w2.weight
+
+def _ends(experts: nn.ModuleList) -> tuple[int, ...]:
+    return tuple(p.data_ptr() for ex in (experts[0], experts[-1]) for p in _weights(ex))
+
+def _is_view_of(p: torch.Tensor, view: torch.Tensor) -> bool:
+    return p.data_ptr() == view.data_ptr() and p.shape == view.shape and p.stride() == view.stride()
+
+def _stack_is_live(moe: MoE) -> bool:
+    "Every expert's weights are the views of `moe`'s stacks (checks all experts: for `stack_experts`, not per call)."
+    st: StackedExperts | None = moe.__dict__.get("_stacked")
+    if st is None or st.w13.shape[0] != len(moe.experts): return False
+    inter = st.w2.shape[-1]
+    return all(_is_view_of(w1, st.w13[e, :inter]) and _is_view_of(w3, st.w13[e, inter:]) and _is_view_of(w2, st.w2[e])
+               for e, (w1, w3, w2) in enumerate(_weights(ex) for ex in moe.experts))
+
+def stack_experts(moe: MoE) -> StackedExperts:
+    """Hold `moe`'s routed experts as `w13 [E, 2I, D]` and `w2 [E, D, I]` and re-point every expert's weights at
+    views of them, so nothing is stored twice. Returns the existing stacks when they are still live; restacks
+    (one copy, the old per-expert storage is then freed) when they are not."""
+    if _stack_is_live(moe): return moe._stacked
+    ws = [_weights(ex) for ex in moe.experts]
+    w1 = ws[0][0]
+    if any(p.dtype != w1.dtype or p.device != w1.device for trio in ws for p in trio):
+        raise ValueError(f"stack_experts: the experts' weights must share one dtype and device to be stacked, got "
+                         f"{sorted({(str(p.dtype), str(p.device)) for trio in ws for p in trio})}")
+    (inter, dim), E = w1.shape, len(ws)
+    w13 = torch.empty(E, 2 * inter, dim, dtype=w1.dtype, device=w1.device)
+    w2 = torch.empty(E, dim, inter, dtype=w1.dtype, device=w1.device)
+    with torch.no_grad():
+        for e, (a, b, c) in enumerate(ws):
+            w13[e, :inter].copy_(a); w13[e, inter:].copy_(b); w2[e].copy_(c)
+            a.data, b.data, c.data = w13[e, :inter], w13[e, inter:], w2[e]
+    moe._stacked = StackedExperts(w13, w2, _ends(moe.experts))
+    return moe._stacked
+
+def _local_pairs(idx: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "Flattened `(local expert id, inside)` of the `N*k` pairs; a pair outside the shard gets the id `n_local`."
+    local = idx.reshape(-1) - first
+    inside = (local >= 0) & (local < n_local)
+    return torch.where(inside, local, n_local), inside
+
+def _swiglu(h13: torch.Tensor, weight: torch.Tensor, limit: float) -> torch.Tensor:
+    "`Expert.forward`'s activation on `[..., 2I]` (w1 half, then w3 half), scaled by `weight [..., 1]`; fp32."
+    gate, up = h13.float().chunk(2, dim=-1)
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * weight
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: StackedExperts,
+                    first: int, limit: float) -> torch.Tensor:
+    """The routed experts' sum, fp32 `[N, D]`, from two grouped GEMMs over the pairs sorted by expert. No host
+    synchronisation on CPU or for bf16 on sm90/sm100 GPUs; on other GPUs or dtypes `torch._grouped_mm` falls back
+    to a per-group loop that reads the group offsets on the host."""
+    if not hasattr(torch, "_grouped_mm"):
+        raise RuntimeError(f"impl='grouped' needs torch._grouped_mm (PyTorch >= 2.8), this is {torch.__version__}")
+    (N, D), k, (E, inter) = x.shape, idx.shape[-1], (st.w2.shape[0], st.w2.shape[-1])
+    align = 16 // x.element_size()
+    if D % align or inter % align:
+        raise ValueError(f"impl='grouped' needs hidden size {D} and expert size {inter} to be multiples of {align} "
+                         f"for {x.dtype} (torch._grouped_mm wants 16-byte strides); use impl='dense'")
+    local, inside = _local_pairs(idx, first, E)
+    keys, order = torch.sort(local, stable=True)                   # pairs grouped by expert, outsiders last
+    offs = torch.searchsorted(keys, torch.arange(E, device=x.device), right=True, out_int32=True)  # group ends
+    xs = x.index_select(0, order // k)
+    h = torch._grouped_mm(xs, st.w13.transpose(-2, -1), offs=offs)
+    h = _swiglu(h, weights.reshape(-1, 1).index_select(0, order), limit).to(x.dtype)
+    ys = torch._grouped_mm(h, st.w2.transpose(-2, -1), offs=offs)
+    y = torch.empty_like(ys).index_copy_(0, order, ys)             # back to (token, slot) order
+    y = torch.where(inside[:, None], y.float(), 0.0)               # outsiders' rows were never written
+    return y.view(N, k, D).sum(1)
+
+def dense_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: StackedExperts,
+                  first: int, limit: float) -> torch.Tensor:
+    """The routed experts' sum, fp32 `[N, D]`, running every local expert on every token, weighted by a dense
+    `[N, E]` routing matrix that is zero where the token did not pick the expert. Sync-free in any dtype."""
+    (N, D), (E, inter) = x.shape, (st.w2.shape[0], st.w2.shape[-1])
+    local = _local_pairs(idx, first, E)[0].view(idx.shape)           # column E collects the pairs of other shards
+    dense = torch.zeros(N, E + 1, device=x.device).scatter_add_(1, local, weights.float())[:, :E, None]
+    hit = torch.zeros(N, E + 1, dtype=torch.bool, device=x.device).scatter_(1, local, True)[:, :E, None]
+    h13 = (x @ st.w13.reshape(E * 2 * inter, D).T).view(N, E, 2 * inter)
+    h = torch.where(hit, _swiglu(h13, dense, limit), 0.0).to(x.dtype)    # where, not *0: an unrouted inf stays out
+    return torch.bmm(h.transpose(0, 1), st.w2.transpose(-2, -1)).float().sum(0)
+
+def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    "`moe.impl`'s routed sum, restacking first if the O(1) check finds the stacks stale."
+    if moe.impl not in MOE_IMPLS: raise ValueError(f"MoE impl must be one of {', '.join(MOE_IMPLS)}, got {moe.impl!r}")
+    st: StackedExperts | None = moe.__dict__.get("_stacked")
+    if st is None or st.w13.shape[0] != len(moe.experts) or st.ptrs != _ends(moe.experts): st = stack_experts(moe)
+    run = grouped_experts if moe.impl == "grouped" else dense_experts
+    return run(x, weights, idx, st, moe.first, moe.experts[0].limit)
+
+def set_moe_impl(model: nn.Module, impl: str) -> int:
+    """Choose the routed-expert path of every `MoE` inside `model` (a target, a drafter, or one MoE): "loop" (the
+    reference), "grouped" or "dense"; the latter two stack the experts now, so call it after loading, moving
+    and sharding, and before capturing a CUDA graph. Returns how many MoE layers were set."""
+    if impl not in MOE_IMPLS: raise ValueError(f"MoE impl must be one of {', '.join(MOE_IMPLS)}, got {impl!r}")
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    for m in moes:
+        m.impl = impl
+        if impl != "loop": stack_experts(m)
+    return len(moes)
