@@ -19,7 +19,7 @@ from .kernels_fused import qkv_rope_insert_
 from .attention import Attention
 from .config import CSA, SLIDING
 from .kv_cache import PagedKVCache, SeqView, run_layers
-from .layers import apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin
+from .layers import apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin, set_moe_impl
 from .quant import fake_quant_index, fake_quant_kv
 
 log = logging.getLogger("dspark")
@@ -192,7 +192,13 @@ def bucket_sizes(max_tokens: int) -> list[int]:
 
 # %% ../nbs/26_cuda_graphs.ipynb #f7063f84
 def fast_path(model) -> tuple[Callable, Callable]:
-    "Switch `model` to its sync-free MoE and return the (pre, post) mHC pair a captured step should use."
+    """Switch `model` to its sync-free MoE and return the (pre, post) mHC pair a captured step should use.
+    The grouped GEMM is sync-free only for bf16 on Hopper-class GPUs (other dtypes fall back to a per-group
+    loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
+    any dtype and cheap for the small expert counts that use it."""
+    w = model.embed.weight
+    grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
+    set_moe_impl(model, "grouped" if grouped else "dense")
     return hc_pre, hc_post
 
 # %% ../nbs/26_cuda_graphs.ipynb #8167e152

@@ -20,7 +20,13 @@ def test_bucket_sizes_cover_every_count_with_bounded_padding():
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_model):
+def own_model(tiny_ckpt):
+    return dspark.load_target(tiny_ckpt)                # GraphRunner switches its MoE: not the shared fixture
+
+
+@pytest.fixture(scope="module")
+def runner(own_model):
+    tiny_model = own_model
     cc = CacheConfig(block_size=16, num_blocks=12, num_window_blocks=12, max_seqs=2, lookahead=3)
     cache = PagedKVCache(tiny_model.cfg, cc)
     calls = []
@@ -46,8 +52,8 @@ def test_which_steps_a_graph_may_replay(runner):
         assert not r.can_replay([one], [view(10)], (), None)
 
 
-def test_ineligible_steps_run_eagerly(runner, tiny_model):
-    r, cache, calls = runner
+def test_ineligible_steps_run_eagerly(runner, own_model):
+    r, cache, calls, tiny_model = *runner, own_model
     prompt = torch.arange(3, 40)
     out = r(tiny_model, cache, [prompt], [SeqView([0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], 0, 0)])
     assert len(calls) == 1 and r.eager_steps == 1 and out[0].shape == (37, tiny_model.cfg.vocab_size)
