@@ -9,6 +9,7 @@ import torch
 
 if not torch.cuda.is_available(): os.environ["TRITON_INTERPRET"] = "1"
 
+import copy
 import dataclasses
 from collections import Counter
 
@@ -107,3 +108,20 @@ def test_edges_and_errors():
         with pytest.raises(RuntimeError, match="batch invariant"): hc_pre_fused(x, fn, base, scale, CFG)
         with pytest.raises(RuntimeError, match="batch invariant"): hc_post_fused(y0, x[:0], p0, c0)
         with pytest.raises(RuntimeError, match="batch invariant"): hc_head_fused(x, fn[:HC], base[:HC], scale[:1], CFG)
+
+
+def test_drop_in_for_the_model(tiny_model):
+    # the fused functions swapped into dspark.model leave the tiny model's logits unchanged
+    from dspark import model as model_mod
+    m = tiny_model if DEV == "cpu" else copy.deepcopy(tiny_model).to(DEV)
+    ids = torch.randint(0, m.cfg.vocab_size, (1, 4), generator=torch.Generator().manual_seed(4)).to(DEV)
+    swaps = {"hc_pre": hc_pre_fused, "hc_post": hc_post_fused, "hc_head": hc_head_fused}
+    saved = {k: getattr(model_mod, k) for k in swaps}
+    with torch.no_grad():
+        want = m.logits(ids)
+        try:
+            for k, f in swaps.items(): setattr(model_mod, k, f)
+            got = m.logits(ids)
+        finally:
+            for k, f in saved.items(): setattr(model_mod, k, f)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
