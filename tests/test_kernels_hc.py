@@ -114,7 +114,7 @@ def test_drop_in_for_the_model(tiny_model):
     # the fused functions swapped into dspark.model leave the tiny model's logits unchanged
     from dspark import model as model_mod
     m = tiny_model if DEV == "cpu" else copy.deepcopy(tiny_model).to(DEV)
-    ids = torch.randint(0, m.cfg.vocab_size, (1, 4), generator=torch.Generator().manual_seed(4)).to(DEV)
+    ids = torch.randint(0, m.cfg.vocab_size, (1, 2), generator=torch.Generator().manual_seed(4)).to(DEV)
     swaps = {"hc_pre": hc_pre_fused, "hc_post": hc_post_fused, "hc_head": hc_head_fused}
     saved = {k: getattr(model_mod, k) for k in swaps}
     with torch.no_grad():
@@ -125,3 +125,16 @@ def test_drop_in_for_the_model(tiny_model):
         finally:
             for k, f in saved.items(): setattr(model_mod, k, f)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_three_streams():
+    # hc = 3 is padded to four lanes in the kernels; the padding must stay out of the softmax and every sum
+    g = torch.Generator().manual_seed(5)
+    cfg, hc, D = dataclasses.replace(CFG, hc_mult=3), 3, 40
+    fn = (torch.randn(15, hc * D, generator=g) / (hc * D) ** 0.5).to(DEV)
+    base, scale = (0.5 * torch.randn(15, generator=g)).to(DEV), torch.tensor([0.7, 1.3, 4.0], device=DEV)
+    x, out = torch.randn(2, hc, D, generator=g).to(DEV), torch.randn(2, D, generator=g).to(DEV)
+    got, want = hc_pre_fused(x, fn, base, scale, cfg), layers.hc_pre(x, fn, base, scale, cfg)
+    got += (hc_post_fused(out, x, got[1], got[2]), hc_head_fused(x, fn[:hc], base[:hc], scale[:1], cfg))
+    want += (layers.hc_post(out, x, want[1], want[2]), layers.hc_head(x, fn[:hc], base[:hc], scale[:1], cfg))
+    for a, b in zip(got, want): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
