@@ -1,4 +1,4 @@
-"""Every V4 layer collapses its hyper-connection streams twice and expands them twice; the reference does it in about 150 small torch ops per collapse, mostly the 20 Sinkhorn iterations. Here a collapse is one GEMM and one Triton launch (the RMS scale, the sigmoids, the whole Sinkhorn on the hc×hc matrix in registers, and the weighted sum of the streams), and an expansion is one launch.
+"""Every V4 layer collapses its hyper-connection streams twice and expands them twice; the reference does it in about 140 small torch ops per collapse, mostly the 20 Sinkhorn iterations. Here a collapse is one GEMM and one Triton launch (the RMS scale, the sigmoids, the whole Sinkhorn on the hc×hc matrix in registers, and the weighted sum of the streams), and an expansion is one launch.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_hc.html.md"""
 
@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
-import dspark.kernels_attention  # noqa: F401
+from . import kernels_attention  # noqa: F401
 import triton
 import triton.language as tl
 
@@ -30,6 +30,7 @@ _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_
 _COUNTERS: list[Counter] = []    # the open `aten_launches` counts; `_launch` adds its Triton launches to them
 
 class _LaunchCounter(TorchDispatchMode):
+    "Sees every aten call below the autograd layer; counts those that are neither views nor allocations."
     def __init__(self, ops: Counter):
         super().__init__()
         self.ops = ops
@@ -117,7 +118,7 @@ def _check(name: str, x: torch.Tensor, hc: int, **params: tuple[torch.Tensor, tu
             raise ValueError(f"{name}: {what} must have shape {tuple(want)} for x {tuple(x.shape)}, got {tuple(t.shape)}")
         if t.device != x.device: raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
 
-def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, block_d: int | None):
+def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, block_d: int | None, num_warps: int):
     "One GEMM for the unscaled mixes, then one launch: `(y, post, comb)` (post and comb only with `mixes`)."
     _fast_path_only(name)
     hc, D = cfg.hc_mult, x.shape[-1]
@@ -132,20 +133,21 @@ def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, bloc
     if N:
         _launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
                 D, rows, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes)
+                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, num_warps=num_warps)
     return y.view(*lead, D), post.view(*lead, hc), comb.view(*lead, hc, hc)
 
 def hc_pre_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig,
-                 block_d: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 block_d: int | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`layers.hc_pre` as one GEMM and one Triton launch: `(y [..., D] in x.dtype, post [..., hc] fp32,
     comb [..., hc, hc] fp32 after Sinkhorn)`. `block_d` (a power of two) is the tile over D, by default the
-    next power of two of D up to 1024. Fast path only: refuses to run in batch-invariant mode."""
-    return _collapse("hc_pre_fused", x, fn, base, scale, cfg, True, block_d)
+    next power of two of D up to 1024; it and `num_warps` are tuning knobs that do not change the result.
+    Fast path only: refuses to run in batch-invariant mode."""
+    return _collapse("hc_pre_fused", x, fn, base, scale, cfg, True, block_d, num_warps)
 
 def hc_head_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig,
-                  block_d: int | None = None) -> torch.Tensor:
+                  block_d: int | None = None, num_warps: int = 4) -> torch.Tensor:
     "`layers.hc_head` (sigmoid weights, no Sinkhorn) as one GEMM and one launch: `[..., hc, D] -> [..., D]`."
-    return _collapse("hc_head_fused", x, fn, base, scale, cfg, False, block_d)[0]
+    return _collapse("hc_head_fused", x, fn, base, scale, cfg, False, block_d, num_warps)[0]
 
 # %% ../nbs/25_kernels_hc.ipynb #ffaa871b
 @triton.jit
@@ -168,9 +170,10 @@ def _hc_post_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, new_ptr, D,
              mask=col[:, None] & dm[None, :])
 
 def hc_post_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-                  block_d: int | None = None) -> torch.Tensor:
+                  block_d: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """`layers.hc_post` as one Triton launch: stream j becomes `post_j · out + Σ_i comb[i, j] · x_i` (fp32 math),
-    returned in x.dtype. `block_d` (a power of two) is the tile over D, by default up to 256."""
+    returned in x.dtype. `block_d` (a power of two) is the tile over D, by default up to 256; it and `num_warps`
+    are tuning knobs that do not change the result."""
     _fast_path_only("hc_post_fused")
     if x.dim() < 2: raise ValueError(f"hc_post_fused: x must have shape [..., hc, D], got {tuple(x.shape)}")
     (hc, D), lead = x.shape[-2:], x.shape[:-2]
@@ -181,5 +184,5 @@ def hc_post_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: 
     if N:
         _launch(_hc_post_kernel, (N, triton.cdiv(D, bd)), out.reshape(N, D).contiguous(), xs,
                 post.reshape(N, hc).contiguous(), comb.reshape(N, hc, hc).contiguous(), new, D,
-                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd)
+                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, num_warps=num_warps)
     return new.view(x.shape)
