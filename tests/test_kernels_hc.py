@@ -1,0 +1,140 @@
+"""Fused mHC kernels (nbs/25_kernels_hc) against the reference `layers.hc_pre`, `hc_post` and `hc_head`.
+
+On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before anything
+imports triton), at small shapes; on a GPU machine they run compiled.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available(): os.environ["TRITON_INTERPRET"] = "1"
+
+import copy
+import dataclasses
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("triton")
+
+from dspark import layers
+from dspark.config import preset
+from dspark.kernels_hc import aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+CFG = preset("tiny")
+HC = CFG.hc_mult
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _params(g, D, head=False, comb_scale=1.0):
+    "Random mHC parameters with O(1) mixes, so the sigmoids and Sinkhorn are far from trivial."
+    rows = HC if head else (2 + HC) * HC
+    fn = torch.randn(rows, HC * D, generator=g) / (HC * D) ** 0.5
+    base, scale = 0.5 * torch.randn(rows, generator=g), torch.rand(1 if head else 3, generator=g) + 0.5
+    if not head: scale[2] = comb_scale
+    return fn.to(DEV), base.to(DEV), scale.to(DEV)
+
+
+@pytest.mark.parametrize("D,dtype,lead,block_d", [(64, torch.float32, (5,), None), (100, torch.float32, (2, 3), 32),
+                                                  (64, torch.bfloat16, (1, 5), None), (100, torch.bfloat16, (2, 3), 32)])
+def test_fused_matches_reference(D, dtype, lead, block_d):
+    g = torch.Generator().manual_seed(D)
+    # fp32 math on both sides; bf16 outputs may differ by one rounding (the interpreter truncates, torch rounds)
+    rtol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    fn, base, scale = _params(g, D)
+    x = torch.randn(*lead, HC, D, generator=g).to(DEV, dtype)
+    out = torch.randn(*lead, D, generator=g).to(DEV, dtype)
+    got, want = hc_pre_fused(x, fn, base, scale, CFG, block_d=block_d), layers.hc_pre(x, fn, base, scale, CFG)
+    got += (hc_post_fused(out, x, got[1], got[2], block_d=block_d),)
+    want += (layers.hc_post(out, x, want[1], want[2]),)
+    hf, hb, hs = _params(g, D, head=True)
+    got += (hc_head_fused(x, hf, hb, hs, CFG, block_d=block_d),)
+    want += (layers.hc_head(x, hf, hb, hs, CFG),)
+    for name, a, b in zip(("y", "post", "comb", "new x", "head"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-5 if name in ("post", "comb") else rtol, atol=1e-6,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("iters", [20, 2, 1])
+def test_sinkhorn_runs_every_iteration(iters):
+    # peaked logits (comb scale 8): even the 20th iteration still moves comb by ~1e-3
+    g = torch.Generator().manual_seed(1)
+    fn, base, scale = _params(g, 64, comb_scale=8.0)
+    x = torch.randn(5, HC, 64, generator=g).to(DEV)
+    cfg = dataclasses.replace(CFG, hc_sinkhorn_iters=iters)
+    comb = hc_pre_fused(x, fn, base, scale, cfg)[2]
+    torch.testing.assert_close(comb, layers.hc_pre(x, fn, base, scale, cfg)[2], rtol=1e-5, atol=1e-6)
+    if iters > 1:
+        fewer = layers.hc_pre(x, fn, base, scale, dataclasses.replace(CFG, hc_sinkhorn_iters=iters - 1))[2]
+        assert (comb - fewer).abs().max() > 1e-4
+
+
+def test_launch_counts():
+    g = torch.Generator().manual_seed(2)
+    fn, base, scale = _params(g, 64)
+    x = torch.randn(1, 1, HC, 64, generator=g).to(DEV, torch.bfloat16)
+    out = torch.randn(1, 1, 64, generator=g).to(DEV, torch.bfloat16)
+    _, post, comb = hc_pre_fused(x, fn, base, scale, CFG)
+    assert sum(aten_launches(layers.hc_pre, x, fn, base, scale, CFG).values()) > 100
+    assert aten_launches(hc_pre_fused, x, fn, base, scale, CFG) == Counter(
+        {"_to_copy": 1, "mm": 1, "triton:_hc_collapse_kernel": 1})
+    assert aten_launches(hc_post_fused, out, x, post, comb) == Counter({"triton:_hc_post_kernel": 1})
+
+
+def test_edges_and_errors():
+    g = torch.Generator().manual_seed(3)
+    fn, base, scale = _params(g, 64)
+    x = torch.randn(5, HC, 64, generator=g).to(DEV)
+    y0, p0, c0 = hc_pre_fused(x[:0], fn, base, scale, CFG)
+    assert y0.shape == (0, 64) and p0.shape == (0, HC) and c0.shape == (0, HC, HC)
+    assert hc_post_fused(y0, x[:0], p0, c0).shape == (0, HC, 64)
+    xt = torch.randn(HC, 5, 64, generator=g).to(DEV).transpose(0, 1)     # non-contiguous streams
+    torch.testing.assert_close(hc_pre_fused(xt, fn, base, scale, CFG)[0], layers.hc_pre(xt, fn, base, scale, CFG)[0],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="hc=4"): hc_pre_fused(x[:, :3], fn, base, scale, CFG)
+    with pytest.raises(ValueError, match="fn must have shape"): hc_pre_fused(x, fn[:, :100], base, scale, CFG)
+    with pytest.raises(ValueError, match="base must have shape"): hc_head_fused(x, fn[:HC], base, scale[:1], CFG)
+    with pytest.raises(ValueError, match="comb must have shape"): hc_post_fused(y0[:5].new_zeros(5, 64), x, p0.new_zeros(5, HC), c0)
+    with pytest.raises(ValueError, match="power of two"): hc_post_fused(y0, x[:0], p0, c0, block_d=48)
+    with layers.batch_invariant():
+        with pytest.raises(RuntimeError, match="batch invariant"): hc_pre_fused(x, fn, base, scale, CFG)
+        with pytest.raises(RuntimeError, match="batch invariant"): hc_post_fused(y0, x[:0], p0, c0)
+        with pytest.raises(RuntimeError, match="batch invariant"): hc_head_fused(x, fn[:HC], base[:HC], scale[:1], CFG)
+
+
+def test_drop_in_for_the_model(tiny_model):
+    # the fused functions swapped into dspark.model leave the tiny model's logits unchanged
+    from dspark import model as model_mod
+    m = tiny_model if DEV == "cpu" else copy.deepcopy(tiny_model).to(DEV)
+    ids = torch.randint(0, m.cfg.vocab_size, (1, 2), generator=torch.Generator().manual_seed(4)).to(DEV)
+    swaps = {"hc_pre": hc_pre_fused, "hc_post": hc_post_fused, "hc_head": hc_head_fused}
+    saved = {k: getattr(model_mod, k) for k in swaps}
+    with torch.no_grad():
+        want = m.logits(ids)
+        try:
+            for k, f in swaps.items(): setattr(model_mod, k, f)
+            got = m.logits(ids)
+        finally:
+            for k, f in saved.items(): setattr(model_mod, k, f)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_three_streams():
+    # hc = 3 is padded to four lanes in the kernels; the padding must stay out of the softmax and every sum
+    g = torch.Generator().manual_seed(5)
+    cfg, hc, D = dataclasses.replace(CFG, hc_mult=3), 3, 40
+    fn = (torch.randn(15, hc * D, generator=g) / (hc * D) ** 0.5).to(DEV)
+    base, scale = (0.5 * torch.randn(15, generator=g)).to(DEV), torch.tensor([0.7, 1.3, 4.0], device=DEV)
+    x, out = torch.randn(2, hc, D, generator=g).to(DEV), torch.randn(2, D, generator=g).to(DEV)
+    got, want = hc_pre_fused(x, fn, base, scale, cfg), layers.hc_pre(x, fn, base, scale, cfg)
+    got += (hc_post_fused(out, x, got[1], got[2]), hc_head_fused(x, fn[:hc], base[:hc], scale[:1], cfg))
+    want += (layers.hc_post(out, x, want[1], want[2]), layers.hc_head(x, fn[:hc], base[:hc], scale[:1], cfg))
+    for a, b in zip(got, want): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
