@@ -63,9 +63,10 @@ def prefill_flops(cfg: ModelConfig, L: int) -> float:
 
 # %% ../nbs/24_bench.ipynb #e89c2e28
 def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, max_tokens: int, device: str,
-               dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30) -> dict:
+               dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False) -> dict:
     "Throughput, decode step time and acceptance of `len(prompts)` concurrent greedy requests."
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
+              enforce_eager=eager,
               max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 2 * len(prompts) * 8),
               kv_cache_memory_bytes=kv_bytes)
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -89,6 +90,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
     return {"mode": mode or "none", "k": k, "concurrency": len(prompts), "dtype": dtype, "backend": backend,
+            "cuda_graphs": not eager and str(device).startswith("cuda"),
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
             "per_user_tok_s": round(n_tok / wall / len(prompts), 2), "steps": len(steps),
             "decode_step_ms": round(1e3 * dec[len(dec) // 2], 3),
@@ -148,7 +150,7 @@ def machine() -> dict:
 def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64), max_tokens: int = 128,
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
-              prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30) -> dict:
+              prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False) -> dict:
     "The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids."
     cfg = load_config(Path(path) / "config.json")
     k = {"mtp": 1, "dspark": cfg.dspark_block_size} | (k or {})
@@ -162,10 +164,10 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
         for m in modes:
             where = mtp_path if (m == "mtp" and mtp_path) else path
             rec["decode"].append(decode_run(where, pool[:c], None if m == "none" else m, k.get(m), max_tokens,
-                                            device, dtype, backend, kv_bytes))
+                                            device, dtype, backend, kv_bytes, eager))
     for c in hf_concurrencies:
         base = hf_decode_run(path, pool[:c], max_tokens, device)
-        ours = decode_run(path, pool[:c], None, None, max_tokens, device, "float32", backend, kv_bytes)
+        ours = decode_run(path, pool[:c], None, None, max_tokens, device, "float32", backend, kv_bytes, eager)
         base["ours_fp32_tok_s"] = ours["tok_s"]
         base["greedy_identical"] = sum(a == b for a, b in zip(base.pop("token_ids"), ours["token_ids"]))
         rec["baseline"].append(base)
@@ -229,6 +231,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "triton"])
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="DSpark K (default: the block size)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager step, for comparison)")
     p.add_argument("--out", default=None, help="write the JSON record here")
     a = p.parse_args(argv)
     if any(c < 1 for c in a.concurrency): p.error("--concurrency values must be >= 1")
@@ -252,7 +255,7 @@ def main(argv=None) -> dict:
         if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency), a.prompt_len)
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
-                    prompts, mtp_path)
+                    prompts, mtp_path, eager=a.enforce_eager)
     print(format_table(rec))
     if a.out: Path(a.out).write_text(json.dumps(rec, indent=1))
     return rec

@@ -75,6 +75,7 @@ class DSparkDrafter(nn.Module):
         self.mtp = nn.ModuleList(DSparkStage(cfg, s, S) for s in range(S))
         self._target = [target]                      # shared, not a submodule: its weights are the target's
         self.fp8_head: RowwiseFP8Head | None = None  # set by `use_fp8_head()`
+        self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in fused kernels (graphs chapter)
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -97,23 +98,32 @@ class DSparkDrafter(nn.Module):
 
     def block_forward(self, anchor: int, P: int, ctx: list[torch.Tensor]) -> torch.Tensor:
         "Pre-norm hidden `[γ, D]` of the block `[anchor, noise…]` at positions `P…P+γ−1` given context rows."
-        cfg, g = self.cfg, self.block_size
-        ids = torch.tensor([anchor] + [cfg.dspark_noise_token_id] * (g - 1), device=ctx[0].device)
-        emb = self.target.embed(ids)
-        x = emb[None, :, None, :].expand(1, g, cfg.hc_mult, -1).contiguous()
-        pos = torch.arange(P, P + g, device=ids.device)
-        for st, rows in zip(self.mtp, ctx):
-            y, post, comb = hc_pre(x, *st.site("attn"), cfg)
+        dev = ctx[0].device
+        rows = torch.stack(ctx)[None]                                           # [1, S, n, hd]
+        return self.block_hidden(torch.tensor([anchor], device=dev), torch.tensor([P], device=dev), rows,
+                                 torch.ones(1, rows.shape[2], dtype=torch.bool, device=dev))[0]
+
+    def block_hidden(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """`block_forward` for R requests at once: anchors `[R]` at positions `P [R]`, each stage's context rows
+        `rows [R, S, n, hd]` of which `valid [R, n]` are real (a request's ring, read in place). `[R, γ, D]`."""
+        cfg, g, dev = self.cfg, self.block_size, anchors.device
+        R = anchors.shape[0]
+        ids = torch.cat([anchors[:, None], torch.full((R, g - 1), cfg.dspark_noise_token_id, device=dev)], dim=1)
+        x = self.target.embed(ids)[:, :, None, :].expand(R, g, cfg.hc_mult, -1).contiguous()
+        pos = P[:, None] + torch.arange(g, device=dev)
+        mask = torch.cat([valid[:, None, :].expand(R, g, -1), torch.ones(R, g, g, dtype=torch.bool, device=dev)], -1)
+        pre, post_fn, head = self.mhc
+        for s, st in enumerate(self.mtp):
+            y, post, comb = pre(x, *st.site("attn"), cfg)
             y = st.attn_norm(y)
-            cos, sin = rope_cos_sin(st.attn.inv_freq.to(ids.device), pos)
+            cos, sin = rope_cos_sin(st.attn.inv_freq.to(dev), pos)
             q, _, kv = st.attn.qkv(y, cos, sin)
-            keys = torch.cat([rows.to(kv.dtype)[None], kv], dim=1)              # context rows ⊕ block rows
-            mask = torch.ones(1, g, keys.shape[1], dtype=torch.bool, device=ids.device)   # non-causal
-            o = sink_attention(q, keys, mask, st.attn.attn_sink, cfg.head_dim ** -0.5)
-            x = hc_post(st.attn.output(o, cos, sin, y.dtype), x, post, comb)
-            y, post, comb = hc_pre(x, *st.site("ffn"), cfg)
-            x = hc_post(st.ffn(st.ffn_norm(y)), x, post, comb)
-        return hc_head(x, self.last.hc_head_fn, self.last.hc_head_base, self.last.hc_head_scale, cfg)[0]
+            keys = torch.cat([rows[:, s].to(kv.dtype), kv], dim=1)              # context rows ⊕ block rows
+            o = sink_attention(q, keys, mask, st.attn.attn_sink, cfg.head_dim ** -0.5)   # non-causal in the block
+            x = post_fn(st.attn.output(o, cos, sin, y.dtype), x, post, comb)
+            y, post, comb = pre(x, *st.site("ffn"), cfg)
+            x = post_fn(st.ffn(st.ffn_norm(y)), x, post, comb)
+        return head(x, self.last.hc_head_fn, self.last.hc_head_base, self.last.hc_head_scale, cfg)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         "`U = head(norm(h))` with the last stage's norm and the target's head (or its rowwise-FP8 copy), fp32."
@@ -151,6 +161,20 @@ class DSparkDrafter(nn.Module):
         "One round: drafts, their `q`, and confidence logits for the block anchored at position `P` (the first `n`)."
         h = self.block_forward(anchor, P, ctx)
         return self.markov_sample(self.base_logits(h), h, anchor, params, seed, P, n)
+
+    @torch.no_grad()
+    def propose_greedy(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,
+                       n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy rounds for R requests in one batch (`block_hidden`'s arguments): drafts `[R, n]` and confidence
+        logits `[R, n]`, on the device. The Markov loop runs over the batch; each position's token is the argmax,
+        exactly as `markov_sample` picks it for a greedy request, so no `q` is needed (it is one-hot)."""
+        h = self.block_hidden(anchors, P, rows, valid)
+        U, prev, toks, confs = self.base_logits(h), anchors, [], []
+        for k in range(min(n, self.block_size)):
+            lg, cf = self.markov(U[:, k], h[:, k], prev)
+            prev = lg.argmax(-1)
+            toks.append(prev); confs.append(cf)
+        return torch.stack(toks, 1), torch.stack(confs, 1)
 
 # %% ../nbs/11_drafter.ipynb #f5e084e2
 class RowwiseFP8Head(nn.Module):

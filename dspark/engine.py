@@ -32,8 +32,8 @@ from .tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'MAX_MTP_STEPS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'ModelRunner', 'speculative_depth',
-           'default_block_size', 'LLM']
+__all__ = ['log', 'MAX_MTP_STEPS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'greedy_verify', 'ModelRunner',
+           'speculative_depth', 'default_block_size', 'LLM']
 
 # %% ../nbs/10_engine.ipynb #0c202217
 @dataclass
@@ -84,6 +84,13 @@ def _same(decision, what: str = "decision"):
     "The single-process `canon`: a decision is already canonical."
     return decision
 
+def greedy_verify(drafts: list[int], targets: list[int]) -> tuple[int, list[int]]:
+    """`rejection_sample` for a greedy request, on the target's argmax tokens `targets` (one per verifying row, the
+    bonus row last): drafts are accepted while they equal the target's choice, then the target's next choice."""
+    a = 0
+    while a < len(drafts) and drafts[a] == targets[a]: a += 1
+    return a, drafts[:a] + [targets[a]]
+
 class ModelRunner:
     "Weights, KV cache and (optionally) a drafter; runs one step's chunks, verifies drafts, samples, proposes."
     def __init__(self, model: Transformer, cache: PagedKVCache, proposer=None, num_spec: int = 0, max_model_len: int = 0,
@@ -98,12 +105,16 @@ class ModelRunner:
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
         "Returns `{id: (positions computed, committed tokens)}` for requests that reached their last token, and logprobs."
         dev, pr = self.model.embed.weight.device, self.proposer
-        chunks = [torch.tensor((r.all_ids + r.drafts)[r.num_computed:r.num_computed + n], device=dev) for r, n in batch]
+        flat = [t for r, n in batch for t in (r.all_ids + r.drafts)[r.num_computed:r.num_computed + n]]
+        chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
         feats: list[torch.Tensor] = []
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
                               feats if pr and pr.final else None)
         decided = {}                                               # id -> (drafts verified, accepted, tokens, logprobs)
+        greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
+        if greedy:                                                 # every row's argmax in one device-to-host copy
+            top, ends = torch.cat(logits).argmax(-1).tolist(), torch.tensor([n for _, n in batch]).cumsum(0).tolist()
         for i, ((r, n), lg) in enumerate(zip(batch, logits)):
             known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
             if n < known:                                          # a prefill chunk that does not reach the end
@@ -111,12 +122,13 @@ class ModelRunner:
                 continue
             k = n - known
             rows = lg[known - 1:]                                  # row j verifies draft j+1; the last is the bonus
-            a, toks = rejection_sample(rows, r.drafts[:k], self.q.get(r.request_id), r.params, r.seed, r.num_tokens)
+            if greedy: a, toks = greedy_verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]])
+            else: a, toks = rejection_sample(rows, r.drafts[:k], self.q.get(r.request_id), r.params, r.seed, r.num_tokens)
             lp = (None if r.params.logprobs is None else
                   [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)])
             decided[r.request_id] = (k, a, toks, lp)
         decided = self.canon(decided, "accepted tokens")           # under TP: rank 0's outcome, on every rank
-        out, logprobs = {}, {}
+        out, logprobs, pending = {}, {}, []
         for i, (r, n) in enumerate(batch):
             if r.request_id not in decided: continue
             k, a, toks, lp = decided[r.request_id]
@@ -125,7 +137,8 @@ class ModelRunner:
             if k and self.capacity: self.capacity.observe(r.request_id, k, a)
             out[r.request_id] = (known + a, toks)
             if lp is not None: logprobs[r.request_id] = lp
-            if pr: self._propose(r, feats[i][:known + a], self._positions(r, known + a), toks)
+            if pr: pending.append((r, feats[i][:known + a], known + a, toks))
+        if pr: self._propose_all(pending)
         if pr and decided:
             drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided}, "drafts")
             for r, _ in batch:
@@ -140,11 +153,35 @@ class ModelRunner:
         "Show the drafter the newly committed positions, then draft the next round at the new anchor."
         self.proposer.observe(r.slot, r.request_id, feats, positions, r.all_ids + toks)
         P = int(positions[-1]) + 1                                 # the anchor toks[-1] sits at P
-        depth = self.capacity.depth if self.capacity else self.K
-        room = min(depth, self.max_model_len - 1 - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
-        r.drafts = []
+        room, r.drafts = self._room(r, P, toks), []
         if room > 0:
             r.drafts, self.q[r.request_id] = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
+
+    def _propose_all(self, pending: list) -> None:
+        """Propose for every verified request: in one batched drafter forward when the proposer can (DSpark, all
+        requests greedy, at most a ring's width of new positions each), else request by request."""
+        pr = self.proposer
+        if not (pending and callable(getattr(pr, "propose_greedy", None)) and all(r.params.greedy for r, *_ in pending)
+                and all(m <= pr.ctx.w for _, _, m, _ in pending)):
+            for r, f, m, toks in pending: self._propose(r, f, self._positions(r, m), toks)
+            return
+        pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
+                        [self._positions(r, m) for r, _, m, _ in pending])
+        plan = []
+        for r, _, m, toks in pending:
+            P = r.num_computed + m                                  # the anchor toks[-1] sits at P
+            room, r.drafts = self._room(r, P, toks), []
+            self.q.pop(r.request_id, None)                         # greedy: verification needs no q
+            if room > 0: plan.append((r, toks[-1], P, room))
+        if plan:
+            anchors, Ps, rooms = map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
+            drafts = pr.propose_greedy([r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], anchors, Ps, rooms)
+            for (r, *_), d in zip(plan, drafts): r.drafts = d
+
+    def _room(self, r: Request, P: int, toks: list[int]) -> int:
+        "Drafts a request may take at anchor position `P`: the depth, bounded by the context and its max_tokens."
+        depth = self.capacity.depth if self.capacity else self.K
+        return min(depth, self.max_model_len - 1 - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
 
     def forget(self, request_id: str) -> None:
         "A finished or aborted request's pending draft distribution is dropped."

@@ -172,13 +172,13 @@ class StepOutputs:
 
 @torch.no_grad()
 def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: tuple[int, ...] = (),
-                   finals: bool = False, mhc: tuple[Callable, Callable] = (hc_pre, hc_post)) -> StepOutputs:
+                   finals: bool = False, mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head)) -> StepOutputs:
     "The target forward of the first `n` rows of `buf` (padding included): no host synchronisation, fixed shapes."
     cfg, st = model.cfg, StepView.of(buf, n)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
-    x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc)
+    x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
     feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
-    logits = model.head_logits(hc_head(x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
+    logits = model.head_logits(mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
     return StepOutputs(logits, feats, x[0] if finals else None)
 
 # %% ../nbs/26_cuda_graphs.ipynb #5ce9597a
@@ -191,15 +191,18 @@ def bucket_sizes(max_tokens: int) -> list[int]:
     return out + [max_tokens]
 
 # %% ../nbs/26_cuda_graphs.ipynb #f7063f84
-def fast_path(model) -> tuple[Callable, Callable]:
-    """Switch `model` to its sync-free MoE and return the (pre, post) mHC pair a captured step should use.
+def fast_path(model) -> tuple[Callable, Callable, Callable]:
+    """Switch `model` to its sync-free MoE and return the (pre, post, head) mHC functions a captured step should
+    use: on a GPU the fused kernels of `kernels_hc` (one GEMM + one launch instead of ~140 launches for `hc_pre`).
     The grouped GEMM is sync-free only for bf16 on Hopper-class GPUs (other dtypes fall back to a per-group
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
     any dtype and cheap for the small expert counts that use it."""
-    w = model.embed.weight
+    w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
     set_moe_impl(model, "grouped" if grouped else "dense")
-    return hc_pre, hc_post
+    if not w.is_cuda: return hc_pre, hc_post, hc_head
+    from dspark.kernels_hc import hc_head_fused, hc_post_fused, hc_pre_fused
+    return hc_pre_fused, hc_post_fused, hc_head_fused
 
 # %% ../nbs/26_cuda_graphs.ipynb #8167e152
 class GraphRunner:
@@ -224,6 +227,10 @@ class GraphRunner:
     def for_runner(cls, runner, max_num_seqs: int) -> "GraphRunner":
         "Graphs for an engine's `ModelRunner`: its forward as the eager fallback, its proposer's taps."
         pr = runner.proposer
+        drafter = getattr(pr, "drafter", None) or getattr(pr, "mtp", None)
+        if drafter is not None:                            # the drafter runs eagerly, but on the same fast kernels
+            fast = fast_path(drafter)
+            if hasattr(drafter, "mhc"): drafter.mhc = fast
         return cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
                    runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final))
 
@@ -238,7 +245,7 @@ class GraphRunner:
     def capture(self) -> None:
         "Warm up, then capture one graph per bucket (largest first, one shared memory pool)."
         import time
-        t0, m0 = time.perf_counter(), torch.cuda.memory_reserved()
+        t0, free0 = time.perf_counter(), torch.cuda.mem_get_info()[0]
         self.pool = torch.cuda.graph_pool_handle()
         run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc)
         side = torch.cuda.Stream()
@@ -252,7 +259,7 @@ class GraphRunner:
             with torch.cuda.graph(g, pool=self.pool): out = run(n)
             self.graphs[n] = (g, out)
         torch.cuda.synchronize()
-        self.capture_s, self.graph_bytes = time.perf_counter() - t0, torch.cuda.memory_reserved() - m0
+        self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - torch.cuda.mem_get_info()[0]
 
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
         "Whether a step fits a captured graph (see above)."

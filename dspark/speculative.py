@@ -40,6 +40,14 @@ class DraftContext:
             self.rows[slot, s, idx] = rows.to(self.rows.dtype)
         self.pos[slot, idx] = positions
 
+    def insert_many(self, slots: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor) -> None:
+        "`insert` for many requests in one batch: token t of `feats [T, m·D]` goes to ring `slots[t]` (≤ w each)."
+        positions = positions.to(self.pos.device)
+        idx = positions % self.w
+        for s, rows in enumerate(self.drafter.context_kv(feats, positions)):
+            self.rows[slots, s, idx] = rows.to(self.rows.dtype)
+        self.pos[slots, idx] = positions
+
     def gather(self, slot: int, P: int) -> list[torch.Tensor]:
         "Each stage's rows for positions `[P − w, P)` that the ring holds."
         valid = (self.pos[slot] >= max(0, P - self.w)) & (self.pos[slot] < P)    # empty slots hold -1
@@ -62,6 +70,27 @@ class DSparkProposer:
         drafts, q, conf = self.drafter.propose(anchor, P, ctx, params, seed, n)   # the Markov loop stops at n
         if self.confidence is not None: self.confidence[rid] = (conf[:n], len(ctx[0]) == min(P, self.ctx.w))
         return drafts[:n], q[:n]
+
+    def observe_many(self, slots: list[int], rids: list[str], feats: list[torch.Tensor], positions: list[torch.Tensor]) -> None:
+        "`observe` for a whole step's verified requests (each bringing at most the ring's width of positions)."
+        for slot, rid in zip(slots, rids): self.ctx.claim(slot, rid)
+        dev = self.ctx.pos.device
+        tok_slot = torch.cat([torch.full((len(p),), s, dtype=torch.long) for s, p in zip(slots, positions)]).to(dev)
+        self.ctx.insert_many(tok_slot, torch.cat(feats), torch.cat(positions))
+
+    def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
+        """Greedy drafts for many requests with one batched drafter forward over their rings (read in place, the
+        valid rows masked): request i gets `n[i]` drafts. One device-to-host copy for the whole batch."""
+        dev = self.ctx.pos.device
+        s, Pt = torch.tensor(slots, device=dev), torch.tensor(P, device=dev)
+        pos = self.ctx.pos[s]
+        valid = (pos >= (Pt - self.ctx.w).clamp(min=0)[:, None]) & (pos < Pt[:, None])
+        drafts, conf = self.drafter.propose_greedy(torch.tensor(anchors, device=dev), Pt, self.ctx.rows[s], valid, max(n))
+        complete = valid.sum(-1) == Pt.clamp(max=self.ctx.w)
+        out, full = drafts.tolist(), complete.tolist()
+        if self.confidence is not None:
+            for i, rid in enumerate(rids): self.confidence[rid] = (conf[i, :n[i]], full[i])
+        return [d[:k] for d, k in zip(out, n)]
 
 class MTPProposer:
     "MTP drafting for the engine: the MTP window ring, caught up on committed positions, then K steps."
