@@ -26,7 +26,7 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView', 'attend_static', 'StepOutputs',
-           'forward_static', 'bucket_sizes', 'fast_path', 'GraphRunner']
+           'forward_static', 'bucket_sizes', 'fast_path', 'GraphRunner', 'DraftGraphs']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 @dataclass
@@ -198,6 +198,8 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
     any dtype and cheap for the small expert counts that use it."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
+    for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
+        if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
     set_moe_impl(model, "grouped" if grouped else "dense")
     if not w.is_cuda: return hc_pre, hc_post, hc_head
@@ -215,8 +217,6 @@ class GraphRunner:
         self.max_tokens = max_num_seqs * self.max_query
         self.max_pos = max_model_len + lookahead
         dev = model.embed.weight.device
-        for m in model.modules():                          # RoPE tables next to the weights: no copies in the step
-            if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(dev)
         self.buf = StepBuffers.allocate(self.max_tokens, max_num_seqs, self.max_pos, cache.cc.block_size, dev)
         self.sizes = bucket_sizes(self.max_tokens)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
@@ -228,9 +228,13 @@ class GraphRunner:
         "Graphs for an engine's `ModelRunner`: its forward as the eager fallback, its proposer's taps."
         pr = runner.proposer
         drafter = getattr(pr, "drafter", None) or getattr(pr, "mtp", None)
-        if drafter is not None:                            # the drafter runs eagerly, but on the same fast kernels
+        if drafter is not None:                            # the drafter gets the same fast kernels
             fast = fast_path(drafter)
             if hasattr(drafter, "mhc"): drafter.mhc = fast
+        if hasattr(pr, "draft_tensors"):                   # DSpark: its greedy draft step
+            try: pr.graphs = DraftGraphs(pr, max_num_seqs)
+            except RuntimeError as e:                      # still correct without: the batched eager draft step
+                log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
         return cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
                    runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final))
 
@@ -286,3 +290,38 @@ class GraphRunner:
         if taps and features is not None: features.extend(cut(out.features[:N].clone()))
         if finals is not None: finals.extend(cut(out.finals[:N].clone()))
         return cut(out.logits[:N])
+
+# %% ../nbs/26_cuda_graphs.ipynb #6112f064
+class DraftGraphs:
+    "CUDA graphs of `DSparkProposer.draft_tensors` for the block size's drafts, one per request-count bucket."
+    def __init__(self, proposer, max_num_seqs: int):
+        self.pr, self.K = proposer, proposer.drafter.block_size
+        dev = proposer.ctx.pos.device
+        self.slots, self.anchors, self.P = (torch.zeros(max_num_seqs, dtype=torch.long, device=dev) for _ in range(3))
+        self.sizes, self.graphs = bucket_sizes(max_num_seqs), {}
+        self.replays = 0
+        run = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for n in self.sizes: run(n)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for n in sorted(self.sizes, reverse=True):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool): out = run(n)
+            self.graphs[n] = (g, out)
+
+    def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
+
+    def __call__(self, slots: list[int], anchors: list[int], P: list[int]):
+        "Replay for these requests; `(drafts [R, K], confidence logits [R, K], context complete [R])` on the device."
+        R = len(slots)
+        n = next(s for s in self.sizes if s >= R)
+        pad = [0] * (n - R)
+        for buf, v in ((self.slots, slots), (self.anchors, anchors), (self.P, P)):
+            buf[:n].copy_(torch.tensor(v + pad).pin_memory(), non_blocking=True)
+        g, (drafts, conf, complete) = self.graphs[n]
+        g.replay()
+        self.replays += 1
+        return drafts[:R], conf[:R], complete[:R]

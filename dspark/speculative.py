@@ -78,17 +78,29 @@ class DSparkProposer:
         tok_slot = torch.cat([torch.full((len(p),), s, dtype=torch.long) for s, p in zip(slots, positions)]).to(dev)
         self.ctx.insert_many(tok_slot, torch.cat(feats), torch.cat(positions))
 
+    graphs = None      # a `graphs.DraftGraphs` once the GPU fast path has captured the draft step
+
+    def draft_tensors(self, slots: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int):
+        """Device in, device out (graph-capturable): greedy drafts `[R, n]`, confidence logits `[R, n]` and whether
+        each request's context window is complete `[R]`, for requests in ring `slots` anchored at `P`. Reads the
+        rings in place, masking rows outside `[P − w, P)`; writes nothing."""
+        pos = self.ctx.pos[slots]
+        valid = (pos >= (P - self.ctx.w).clamp(min=0)[:, None]) & (pos < P[:, None])
+        drafts, conf = self.drafter.propose_greedy(anchors, P, self.ctx.rows[slots], valid, n)
+        return drafts, conf, valid.sum(-1) == P.clamp(max=self.ctx.w)
+
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
-        """Greedy drafts for many requests with one batched drafter forward over their rings (read in place, the
-        valid rows masked): request i gets `n[i]` drafts. One device-to-host copy for the whole batch."""
-        dev = self.ctx.pos.device
-        s, Pt = torch.tensor(slots, device=dev), torch.tensor(P, device=dev)
-        pos = self.ctx.pos[s]
-        valid = (pos >= (Pt - self.ctx.w).clamp(min=0)[:, None]) & (pos < Pt[:, None])
-        drafts, conf = self.drafter.propose_greedy(torch.tensor(anchors, device=dev), Pt, self.ctx.rows[s], valid, max(n))
-        complete = valid.sum(-1) == Pt.clamp(max=self.ctx.w)
+        """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
+        request i gets `n[i]` drafts. One device-to-host copy for the whole batch."""
+        if self.graphs is not None and self.graphs.fits(len(slots), max(n)):
+            drafts, conf, complete = self.graphs(slots, anchors, P)
+        else:
+            dev = self.ctx.pos.device
+            t = lambda v: torch.tensor(v, device=dev)
+            drafts, conf, complete = self.draft_tensors(t(slots), t(anchors), t(P), max(n))
         out, full = drafts.tolist(), complete.tolist()
         if self.confidence is not None:
+            conf = conf.clone()                                  # a graph's output is overwritten by its next replay
             for i, rid in enumerate(rids): self.confidence[rid] = (conf[i, :n[i]], full[i])
         return [d[:k] for d, k in zip(out, n)]
 
