@@ -198,9 +198,11 @@ class CapacityController:
         if not active: self.stats.bypassed_steps += 1; return
         z = torch.zeros(len(reqs), self.K, dtype=torch.float64)
         n = [len(r.drafts) for r in reqs]
+        rows = []
         for i, r in enumerate(reqs):
             if n[i] and found[r.request_id] is None: raise RuntimeError(f"request {r.request_id}: drafts without confidences")
-            if n[i]: z[i, :n[i]] = found[r.request_id][0][:n[i]].double().cpu()
+            if n[i]: rows.append(torch.nn.functional.pad(found[r.request_id][0][:n[i]].double(), (0, self.K - n[i])))
+        if rows: z[[i for i in range(len(reqs)) if n[i]]] = torch.stack(rows).cpu()   # one device-to-host copy
         cal = self.sts.calibrate(z) if self.sts else z
         lengths = self._lengths(batch_survival(cal, n))
         lengths = runner.canon({r.request_id: min(l, len(r.drafts)) for r, l in zip(reqs, lengths)})
