@@ -219,13 +219,6 @@ def profile_sps(runner, sizes: list[int], context: int = 64, reps: int = 3) -> S
     tables = [list(range(i * per, (i + 1) * per)) for i in range(R)]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.cfg.vocab_size, (R, context + K + 1), generator=g).to(dev)
-    graphs = getattr(runner.forward, "profile_step", None)   # CUDA graphs: time the replays that will really run
-    drafts = getattr(runner.proposer, "graphs", None)
-    if graphs is not None and drafts is not None:
-        pts = [(B, _clock(lambda: graphs(B, context), reps, dev)) for B in sorted(sizes)]
-        R = drafts.sizes[-1]                                  # the batched draft step, per request
-        one = lambda: drafts(list(range(R)), [0] * R, [context] * R)
-        return SPSCurve(pts, _clock(one, reps, dev) / R, max(sizes))
     taps = runner.proposer.taps
     feats: list[torch.Tensor] = []
     forward_cached(model, cache, [ids[i, :context] for i in range(R)], [SeqView(t, t, i, 0) for i, t in enumerate(tables)],

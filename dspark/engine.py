@@ -269,14 +269,13 @@ class LLM:
         self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
                                   forward=self._forward_for(attention_backend, device, batch_invariant),
                                   canon=self._decision_canon())
+        if capacity is not None: self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         self.graphs = None
         if self._use_graphs(device, attention_backend, batch_invariant, enforce_eager):
             from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
             self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
-        # after capture: an auto-profiled SPS curve times the graph replays the steps will really run
-        if capacity is not None: self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))

@@ -26,7 +26,7 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView', 'attend_static', 'StepOutputs',
-           'forward_static', 'bucket_sizes', 'fast_path', 'GraphRunner', 'capture_all', 'DraftGraphs']
+           'forward_static', 'bucket_sizes', 'fast_path', 'GraphRunner', 'DraftGraphs']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 @dataclass
@@ -231,8 +231,8 @@ class GraphRunner:
         if drafter is not None:                            # the drafter gets the same fast kernels
             fast = fast_path(drafter)
             if hasattr(drafter, "mhc"): drafter.mhc = fast
-        if hasattr(pr, "draft_tensors"):                   # DSpark: its greedy draft step and context update
-            try: pr.graphs = DraftGraphs(pr, max_num_seqs, max_num_seqs * (1 + runner.cache.cc.lookahead))
+        if hasattr(pr, "draft_tensors"):                   # DSpark: its greedy draft step
+            try: pr.graphs = DraftGraphs(pr, max_num_seqs)
             except RuntimeError as e:                      # still correct without: the batched eager draft step
                 log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
         return cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
@@ -250,26 +250,20 @@ class GraphRunner:
         "Warm up, then capture one graph per bucket (largest first, one shared memory pool)."
         import time
         t0, free0 = time.perf_counter(), torch.cuda.mem_get_info()[0]
-        def run(n: int) -> StepOutputs:                    # an all-padding step: every write goes to scratch
+        self.pool = torch.cuda.graph_pool_handle()
+        run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):                      # compile the Triton kernels, warm the allocator
+            for n in self.sizes: self._pad_only(n); run(n); run(n)
+        torch.cuda.current_stream().wait_stream(side)
+        for n in sorted(self.sizes, reverse=True):
             self._pad_only(n)
-            return forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc)
-        self.graphs = capture_all(self.sizes, run)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool): out = run(n)
+            self.graphs[n] = (g, out)
         torch.cuda.synchronize()
         self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - torch.cuda.mem_get_info()[0]
-
-    def profile_step(self, tokens: int, context: int) -> None:
-        """Replay the bucket of `tokens` as a verify step of (1 + lookahead)-token requests at position `context`,
-        with every block table pointing at the scratch blocks: real work, no request's rows read or written.
-        The SPS curve of capacity control is timed with it, so it measures the steps that will really run."""
-        n, buf, cache, q = next(s for s in self.sizes if s >= tokens), self.buf, self.cache, self.max_query
-        bs = buf.block_size
-        j = torch.arange(n, device=buf.ids.device)
-        pos = context + j % q
-        buf.tok_req[:n] = (j // q).int(); buf.tok_pos[:n] = pos.int(); buf.ids[:n] = 0
-        buf.slots[:n] = cache.scratch_window_block * bs + pos % bs
-        buf.ring_slot[:n] = cache.scratch_slot
-        buf.window_tables.fill_(cache.scratch_window_block); buf.tables.fill_(cache.scratch_block)
-        self.graphs[n][0].replay()
 
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
         "Whether a step fits a captured graph (see above)."
@@ -298,48 +292,27 @@ class GraphRunner:
         return cut(out.logits[:N])
 
 # %% ../nbs/26_cuda_graphs.ipynb #6112f064
-def capture_all(sizes: list[int], run: Callable) -> dict:
-    "Warm `run(n)` up on a side stream, then capture it for every size (largest first, one pool): `{n: (graph, out)}`."
-    side, graphs = torch.cuda.Stream(), {}
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for n in sizes: run(n)
-    torch.cuda.current_stream().wait_stream(side)
-    pool = torch.cuda.graph_pool_handle()
-    for n in sorted(sizes, reverse=True):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool): out = run(n)
-        graphs[n] = (g, out)
-    return graphs
-
 class DraftGraphs:
-    """CUDA graphs of the DSpark proposer's two device steps: `draft_tensors` for the block size's drafts, one per
-    request-count bucket, and the context-ring update (`DraftContext.insert_many`), one per token-count bucket
-    (padding tokens go to the ring's scratch slot)."""
-    def __init__(self, proposer, max_num_seqs: int, max_tokens: int):
-        self.pr, self.K, ctx = proposer, proposer.drafter.block_size, proposer.ctx
-        dev = ctx.pos.device
+    "CUDA graphs of `DSparkProposer.draft_tensors` for the block size's drafts, one per request-count bucket."
+    def __init__(self, proposer, max_num_seqs: int):
+        self.pr, self.K = proposer, proposer.drafter.block_size
+        dev = proposer.ctx.pos.device
         self.slots, self.anchors, self.P = (torch.zeros(max_num_seqs, dtype=torch.long, device=dev) for _ in range(3))
-        self.sizes, self.replays = bucket_sizes(max_num_seqs), 0
-        self.graphs = capture_all(self.sizes, lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K))
-        width = proposer.drafter.mtp[0].main_proj.in_features
-        self.t_slot = torch.full((max_tokens,), ctx.scratch, dtype=torch.long, device=dev)
-        self.t_pos = torch.zeros(max_tokens, dtype=torch.long, device=dev)
-        self.t_feat = torch.zeros(max_tokens, width, dtype=torch.float32, device=dev)
-        self.t_sizes = bucket_sizes(max_tokens)
-        self.t_graphs = capture_all(self.t_sizes, lambda n: ctx.insert_many(self.t_slot[:n], self.t_feat[:n], self.t_pos[:n]))
+        self.sizes, self.graphs = bucket_sizes(max_num_seqs), {}
+        self.replays = 0
+        run = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for n in self.sizes: run(n)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for n in sorted(self.sizes, reverse=True):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool): out = run(n)
+            self.graphs[n] = (g, out)
 
     def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
-
-    def insert(self, slots: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor) -> bool:
-        "Replay the context update for these tokens (device tensors); False if there are too many for a graph."
-        T = len(positions)
-        if T > self.t_sizes[-1]: return False
-        n = next(s for s in self.t_sizes if s >= T)
-        self.t_slot[:T].copy_(slots); self.t_slot[T:n].fill_(self.pr.ctx.scratch)
-        self.t_pos[:T].copy_(positions); self.t_feat[:T].copy_(feats)
-        self.t_graphs[n][0].replay()
-        return True
 
     def __call__(self, slots: list[int], anchors: list[int], P: list[int]):
         "Replay for these requests; `(drafts [R, K], confidence logits [R, K], context complete [R])` on the device."

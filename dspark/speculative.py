@@ -23,9 +23,8 @@ class DraftContext:
         cfg = drafter.cfg
         self.drafter, self.w = drafter, cfg.sliding_window
         dtype = drafter.target.embed.weight.dtype
-        self.scratch = max_seqs                      # one more ring: where a captured update's padding tokens go
-        self.rows = torch.zeros(max_seqs + 1, cfg.num_draft_stages, self.w, cfg.head_dim, dtype=dtype, device=device)
-        self.pos = torch.full((max_seqs + 1, self.w), -1, dtype=torch.long, device=device)
+        self.rows = torch.zeros(max_seqs, cfg.num_draft_stages, self.w, cfg.head_dim, dtype=dtype, device=device)
+        self.pos = torch.full((max_seqs, self.w), -1, dtype=torch.long, device=device)
         self.owner: list[str | None] = [None] * max_seqs
 
     def claim(self, slot: int, request_id: str) -> None:
@@ -77,9 +76,7 @@ class DSparkProposer:
         for slot, rid in zip(slots, rids): self.ctx.claim(slot, rid)
         dev = self.ctx.pos.device
         tok_slot = torch.cat([torch.full((len(p),), s, dtype=torch.long) for s, p in zip(slots, positions)]).to(dev)
-        feats, positions = torch.cat(feats), torch.cat(positions)
-        if self.graphs is None or not self.graphs.insert(tok_slot, feats, positions):
-            self.ctx.insert_many(tok_slot, feats, positions)
+        self.ctx.insert_many(tok_slot, torch.cat(feats), torch.cat(positions))
 
     graphs = None      # a `graphs.DraftGraphs` once the GPU fast path has captured the draft step
 
