@@ -68,6 +68,9 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
               enforce_eager=eager,
               max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 2 * len(prompts) * 8),
+              max_model_len=max(len(p) for p in prompts) + max_tokens + (k or 0) + 8,   # what the run needs: the
+              # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
+              # would make every step score 256K columns)
               kv_cache_memory_bytes=kv_bytes)
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)

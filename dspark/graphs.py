@@ -216,6 +216,10 @@ class GraphRunner:
         self.max_query = 1 + lookahead                    # tokens one request may bring (the rings' lookahead)
         self.max_tokens = max_num_seqs * self.max_query
         self.max_pos = max_model_len + lookahead
+        if max_model_len > 65536:
+            log.warning("CUDA graphs are sized for max_model_len=%d: every replayed step scores %d indexer columns per "
+                        "token and copies %d-block tables; set max_model_len to what you serve", max_model_len,
+                        self.max_pos // max(1, model.cfg.csa_ratio), math.ceil(self.max_pos / cache.cc.block_size))
         dev = model.embed.weight.device
         self.buf = StepBuffers.allocate(self.max_tokens, max_num_seqs, self.max_pos, cache.cc.block_size, dev)
         self.sizes = bucket_sizes(self.max_tokens)
