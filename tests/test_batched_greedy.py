@@ -1,0 +1,50 @@
+"""The engine's batched greedy fast paths equal the per-request reference they replace: verification on the
+target's argmax tokens is `rejection_sample` at temperature 0, and one batched drafter forward over several
+requests' context rings (read in place, rows outside each window masked) proposes exactly the drafts and
+confidences of the per-request `propose`."""
+import torch
+
+import dspark
+from dspark.drafter import load_drafter
+from dspark.engine import greedy_verify
+from dspark.rejection import rejection_sample
+from dspark.sampling import SamplingParams
+from dspark.speculative import DSparkProposer
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def test_greedy_verify_is_rejection_sampling_at_temperature_zero():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        k = trial % 7
+        logits = torch.randn(k + 1, 13, generator=g)
+        logits[:, 3] = logits.max(-1).values                     # exact ties: both must take the first maximum
+        top = logits.argmax(-1).tolist()
+        drafts = [t if torch.rand(1, generator=g) < 0.7 else (t + 1) % 13 for t in top[:k]]
+        assert greedy_verify(drafts, top) == rejection_sample(logits, drafts, None, GREEDY, 0, 5)
+
+
+def test_batched_greedy_drafts_equal_per_request_drafts(tiny_ckpt):
+    target = dspark.load_target(tiny_ckpt)
+    drafter = load_drafter(tiny_ckpt, target)
+    taps = tuple(target.cfg.dspark_target_layer_ids)
+    w = target.cfg.sliding_window
+    g = torch.Generator().manual_seed(1)
+    pr = DSparkProposer(drafter, max_seqs=4, device="cpu")
+    pr.confidence = {}
+    lengths = {0: 9, 2: w + 20, 3: 40}                            # short, wrapped ring (longer than w), medium
+    for slot, n in lengths.items():
+        ids = torch.randint(0, target.cfg.vocab_size, (1, n), generator=g)
+        feats = drafter.features(target(ids, taps=taps)[1])[0]
+        pr.observe(slot, f"r{slot}", feats, torch.arange(n), ids[0].tolist())
+    slots = list(lengths)
+    anchors, P = [5, 77, 300], [lengths[s] for s in slots]
+    n = [3, drafter.block_size, 1]
+    batched = pr.propose_greedy(slots, [f"r{s}" for s in slots], anchors, P, n)
+    conf_b = {rid: c.clone() for rid, (c, _) in pr.confidence.items()}
+    for i, s in enumerate(slots):
+        drafts, q = pr.propose(s, f"r{s}", anchors[i], P[i], n[i], GREEDY, 0)
+        assert batched[i] == drafts
+        assert torch.allclose(conf_b[f"r{s}"], pr.confidence[f"r{s}"][0], atol=1e-5)
+        assert torch.equal(q.argmax(-1), torch.tensor(drafts))   # the per-request q is one-hot on the drafts
