@@ -35,10 +35,7 @@ class DraftContext:
         "Context rows of committed positions from the target's features `[n, m·D]` (only the last `w` matter)."
         if not len(positions): return
         feats, positions = feats[-self.w:], positions[-self.w:].to(self.pos.device)
-        idx = positions % self.w
-        for s, rows in enumerate(self.drafter.context_kv(feats, positions)):
-            self.rows[slot, s, idx] = rows.to(self.rows.dtype)
-        self.pos[slot, idx] = positions
+        self.insert_many(torch.full_like(positions, slot), feats, positions)
 
     def insert_many(self, slots: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor) -> None:
         "`insert` for many requests in one batch: token t of `feats [T, m·D]` goes to ring `slots[t]` (≤ w each)."
