@@ -60,7 +60,9 @@ def _theta(a: torch.Tensor, sps: Callable[[int], float]) -> torch.Tensor:
     R = a.shape[0]
     _, s = _ranked(a)
     tau = R + torch.cat([s.new_zeros(1), s.cumsum(0)])
-    return tau * torch.tensor([sps(R + n) for n in range(len(s) + 1)], dtype=tau.dtype)
+    vector = getattr(sps, "vector", None)          # a curve's table: no Python loop over up to R·K sizes per step
+    vals = vector(R, R + len(s)) if vector else torch.tensor([sps(R + n) for n in range(len(s) + 1)])
+    return tau * vals.to(tau.dtype)
 
 def _lengths(a: torch.Tensor, n: int) -> list[int]:
     "Per-request lengths after admitting the first `n` ranked candidates."
@@ -95,11 +97,12 @@ class LaggedBudget:
     def lengths(self, a: torch.Tensor, sps_for: Callable[[int], Callable[[int], float]]) -> list[int]:
         "`sps_for(R)`: the SPS curve for a batch of R requests. Verifies everything until the history fills."
         R = a.shape[0]
-        if len(self.history) < self.lag: out = (a > 0).sum(-1).tolist()
+        if len(self.history) < self.lag or self.history[0] is None: out = (a > 0).sum(-1).tolist()
         else:
             n0, R0 = self.history[0]
             out = admit_top(a, round(n0 * R / R0))
-        self.history = (self.history + [(search_budget(a, sps_for(R)), R)])[-self.lag:]
+        decision = (search_budget(a, sps_for(R)), R) if bool((a > 0).any()) else None   # None: nothing was proposed
+        self.history = (self.history + [decision])[-self.lag:]
         return out
 
     def reset(self) -> None: self.history = []
@@ -116,10 +119,11 @@ def graph_bucket(num_tokens: int, sizes: list[int]) -> int | None:
 
 @dataclass
 class SPSCurve:
-    "Step time of a verify batch of B tokens: `draft_ms·R + verify(B)`, a step function up to `capture_limit`."
+    "Step time of a verify batch of B tokens: `draft_step_ms + draft_ms·R + verify(B)`, a step function up to `capture_limit`."
     verify_ms: list[tuple[int, float]]          # (B, median ms), B strictly increasing
-    draft_ms: float = 0.0                       # per request
+    draft_ms: float = 0.0                       # per request (drafting request by request)
     capture_limit: int = 0                      # sizes up to here are graph buckets (0: none)
+    draft_step_ms: float = 0.0                  # per step (one batched draft step for all requests)
 
     def __post_init__(self):
         pts = self.verify_ms
@@ -131,7 +135,10 @@ class SPSCurve:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"SPS point {p!r}: the value must be a finite number > 0")
         if any(b <= a for (a, _), (b, _) in zip(pts, pts[1:])): raise ValueError("SPS points must have strictly increasing token counts")
-        if not math.isfinite(self.draft_ms) or self.draft_ms < 0: raise ValueError(f"draft_ms must be >= 0, got {self.draft_ms}")
+        for k in ("draft_ms", "draft_step_ms"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{k} must be a finite number >= 0, got {v!r}")
         self.verify_ms = [(int(B), float(v)) for B, v in pts]
 
     @classmethod
@@ -157,20 +164,32 @@ class SPSCurve:
 
     def sps(self, B: int, R: int = 0) -> float:
         "Steps per second of a step with R requests and B verify tokens."
-        return 1000.0 / (self.draft_ms * R + self.verify(B))
+        return 1000.0 / (self.draft_step_ms + self.draft_ms * R + self.verify(B))
 
     def for_requests(self, R: int) -> Callable[[int], float]:
-        "The curve `B ↦ SPS(B)` the policies take, for a batch of R requests."
-        return lambda B: self.sps(B, R)
+        """The curve `B ↦ SPS(B)` the policies take, for a batch of R requests; its `vector(lo, hi)` gives
+        `SPS(lo…hi)` as one tensor from a cached table of verify times (the policies run every step)."""
+        f = lambda B: self.sps(B, R)
+        f.vector = lambda lo, hi: 1000.0 / (self.draft_step_ms + self.draft_ms * R + self._verify_table(hi)[lo - 1:hi])
+        return f
+
+    def _verify_table(self, hi: int) -> torch.Tensor:
+        "`verify(B)` for B = 1…≥hi, float64, grown by doubling and kept."
+        t = getattr(self, "_table", None)
+        if t is None or len(t) < hi:
+            n = max(hi, 2 * (0 if t is None else len(t)), 64)
+            t = self._table = torch.tensor([self.verify(B) for B in range(1, n + 1)], dtype=torch.float64)
+        return t
 
     def to_json(self) -> dict:
-        return dict(verify_ms=[list(p) for p in self.verify_ms], draft_ms=self.draft_ms, capture_limit=self.capture_limit)
+        return dict(verify_ms=[list(p) for p in self.verify_ms], draft_ms=self.draft_ms, capture_limit=self.capture_limit,
+                    draft_step_ms=self.draft_step_ms)
 
     def save(self, path: str | Path) -> None: Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "SPSCurve":
-        """Read a curve file: `{"verify_ms": [[B, ms], …], "draft_ms": x, "capture_limit": n}` (what profiling
+        """Read a curve file: `{"verify_ms": [[B, ms], …], "draft_ms": x, "capture_limit": n, "draft_step_ms": y}` (what profiling
         saves) or `{"sps": [[B, steps_per_second], …]}` (or that bare list)."""
         path = Path(path)
         try: data = json.loads(path.read_text())
@@ -180,10 +199,11 @@ class SPSCurve:
             if isinstance(data, list): return cls.from_sps(data)
             if isinstance(data, dict) and "sps" in data: return cls.from_sps(data["sps"])
             if isinstance(data, dict) and "verify_ms" in data:
-                extra = set(data) - {"verify_ms", "draft_ms", "capture_limit"}
+                extra = set(data) - {"verify_ms", "draft_ms", "capture_limit", "draft_step_ms"}
                 if extra: raise ValueError(f"unknown keys {sorted(extra)}")
                 return cls([tuple(p) if isinstance(p, list) else p for p in data["verify_ms"]],
-                           float(data.get("draft_ms", 0.0)), int(data.get("capture_limit", 0)))
+                           float(data.get("draft_ms", 0.0)), int(data.get("capture_limit", 0)),
+                           float(data.get("draft_step_ms", 0.0)))
         except (ValueError, TypeError) as e: raise ValueError(f"SPS curve file {path}: {e}") from None
         raise ValueError(f"SPS curve file {path} must hold a list of [tokens, steps_per_second] pairs or an object "
                          "with 'sps' or 'verify_ms'")
@@ -207,7 +227,15 @@ def _clock(fn, reps: int, device) -> float:
 
 @torch.no_grad()
 def profile_sps(runner, sizes: list[int], context: int = 64, reps: int = 3) -> SPSCurve:
-    "Measure verify time at each bucket size and per-request draft time (scratch cache and ring)."
+    """Measure verify time at each bucket size and the draft cost. With CUDA graphs (`runner.forward` is a
+    `GraphRunner`) it times the captured steps themselves, all-padding (they write only scratch sinks), and
+    the batched draft step; otherwise the eager forward over a scratch cache and per-request drafting."""
+    fwd = runner.forward
+    if callable(getattr(fwd, "step_ms", None)) and getattr(fwd, "graphs", None):
+        pts = [(n, fwd.step_ms(n, max(reps, 5))) for n in fwd.sizes]
+        dg = getattr(runner.proposer, "graphs", None)
+        step = max(dg.step_ms(R, max(reps, 5)) for R in dg.sizes) if dg is not None else 0.0
+        return SPSCurve(pts, 0.0, fwd.sizes[-1], step)
     from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
     from dspark.sampling import SamplingParams
     from dspark.speculative import DSparkProposer

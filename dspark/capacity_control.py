@@ -8,11 +8,12 @@ Docs: https://dspark-dev.github.io/dspark/capacity_control.html.md"""
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,11 +52,33 @@ class OnlineSTS:
         n = min(accepted + 1, verified)
         if n == 0: return
         for t in (self.trials, self.hits, self.zsum): t.mul_(self.decay)
-        z = logits[:n].double().cpu()
+        z = torch.as_tensor(logits[:n], dtype=torch.float64).cpu()
         k, b = torch.arange(n), self._bin(z)
         self.trials[k, b] += 1; self.zsum[k, b] += z
         self.hits[k[:accepted], b[:accepted]] += 1
         self.pending += 1
+        if self.pending >= self.refit_every: self.fit()
+
+    def record_many(self, logits: list, verified: list[int], accepted: list[int]) -> None:
+        """`record` for a whole step's rounds (logits as tensors or float lists) in a few tensor ops (a per-round loop costs ~0.1 ms a request on
+        the host, milliseconds a step at 64 requests). The step's rounds are simultaneous: the counters decay
+        once per round, before any of the step's outcomes are added."""
+        zs, ks, hits = [], [], []
+        for z, v, a in zip(logits, verified, accepted):
+            if not 0 <= a <= v <= len(z): raise ValueError(f"accepted {a} of {v} verified ({len(z)} drafts)")
+            n = min(a + 1, v)
+            if n == 0: continue
+            zs += z[:n].tolist() if torch.is_tensor(z) else list(z[:n])
+            ks += range(n); hits += [1.0] * a + [0.0] * (n - a)
+        if not zs: return
+        rounds = ks.count(0)                       # each round contributes position 0 once
+        for t in (self.trials, self.hits, self.zsum): t.mul_(self.decay ** rounds)
+        z, k = torch.tensor(zs, dtype=torch.float64), torch.tensor(ks)
+        b = self._bin(z)
+        self.trials.index_put_((k, b), torch.ones_like(z), accumulate=True)
+        self.zsum.index_put_((k, b), z, accumulate=True)
+        self.hits.index_put_((k, b), torch.tensor(hits, dtype=torch.float64), accumulate=True)
+        self.pending += 1                          # refits count steps here: at 64 requests a round count would refit every step
         if self.pending >= self.refit_every: self.fit()
 
     def _ece(self, trials: torch.Tensor, hits: torch.Tensor, zmean: torch.Tensor) -> torch.Tensor:
@@ -106,12 +129,12 @@ class DraftDepth:
         return self.depth
 
 # %% ../nbs/21_capacity_control.ipynb #2dcafe0b
-POLICIES = ("scheduler", "lagged", "threshold")
+POLICIES = ("auto", "scheduler", "lagged", "threshold")
 
 @dataclass
 class CapacityConfig:
     "Capacity-aware verification settings (see the table above)."
-    policy: str = "scheduler"
+    policy: str = "auto"
     threshold: float = 0.5
     sps: object = "auto"
     activation: int | None = None
@@ -169,7 +192,9 @@ class CapacityController:
         if getattr(runner.proposer, "confidence", False) is False:
             raise ValueError("capacity control needs the DSpark drafter's confidence head (speculative='dspark')")
         runner.proposer.confidence = {}
-        sizes = capture_sizes(max_num_seqs, runner.K)
+        sizes = list(getattr(runner.forward, "sizes", None) or capture_sizes(max_num_seqs, runner.K))   # the graphs' buckets
+        if config.policy == "auto":    # graph buckets make SPS a step function: Algorithm 1 would stop at the first jump
+            config = replace(config, policy="lagged" if getattr(runner.forward, "graphs", None) else "scheduler")
         return cls(config, runner.K, resolve_sps(config.sps, runner, sizes, config.profile_context), sizes, max_num_seqs)
 
     @property
@@ -196,13 +221,14 @@ class CapacityController:
                 if self.lagged: self.lagged.reset()
             self.stats.active = active
         if not active: self.stats.bypassed_steps += 1; return
-        z = torch.zeros(len(reqs), self.K, dtype=torch.float64)
         n = [len(r.drafts) for r in reqs]
-        rows = []
+        vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
         for i, r in enumerate(reqs):
-            if n[i] and found[r.request_id] is None: raise RuntimeError(f"request {r.request_id}: drafts without confidences")
-            if n[i]: rows.append(torch.nn.functional.pad(found[r.request_id][0][:n[i]].double(), (0, self.K - n[i])))
-        if rows: z[[i for i in range(len(reqs)) if n[i]]] = torch.stack(rows).cpu()   # one device-to-host copy
+            c = found[r.request_id]
+            if n[i] and c is None: raise RuntimeError(f"request {r.request_id}: drafts without confidences")
+            row = (c[0].tolist() if torch.is_tensor(c[0]) else list(c[0]))[:n[i]] if n[i] else []
+            vals.append(row + [0.0] * (self.K - len(row)))
+        z = torch.tensor(vals, dtype=torch.float64)
         cal = self.sts.calibrate(z) if self.sts else z
         lengths = self._lengths(batch_survival(cal, n))
         lengths = runner.canon({r.request_id: min(l, len(r.drafts)) for r, l in zip(reqs, lengths)})
@@ -210,7 +236,7 @@ class CapacityController:
             l = lengths[r.request_id]
             r.drafts = r.drafts[:l]
             if r.request_id in runner.q: runner.q[r.request_id] = runner.q[r.request_id][:l]
-            if self.sts and l and found[r.request_id][1]: self.staged[r.request_id] = z[i, :n[i]].clone()
+            if self.sts and l and found[r.request_id][1]: self.staged[r.request_id] = vals[i][:n[i]]
         self._count(n, [lengths[r.request_id] for r in reqs])
         if self.depth_ctl: self.depth_ctl.update([lengths[r.request_id] for r in reqs])
 
@@ -225,12 +251,23 @@ class CapacityController:
         self.steps += 1
         if self.steps % self.config.log_interval == 0: log.info(self.summary())
 
+    def observe_many(self, outcomes: list[tuple[str, int, int]]) -> None:
+        "`observe` for a whole step: `(request id, verified, accepted)` per round, one calibration update."
+        staged = [(self.staged.pop(rid, None), v, a) for rid, v, a in outcomes]
+        staged = [(z, min(v, len(z)), a) for z, v, a in staged if z is not None]
+        if staged and self.sts: self.sts.record_many(*map(list, zip(*staged)))
+
     def observe(self, request_id: str, verified: int, accepted: int) -> None:
         "A verified round's outcome: feeds the calibration if its proposal was staged."
         z = self.staged.pop(request_id, None)
         if z is not None and self.sts: self.sts.record(z, min(verified, len(z)), accepted)
 
     def forget(self, request_id: str) -> None: self.staged.pop(request_id, None)
+
+    def idle(self) -> None:
+        "The engine ran out of work: the next batch starts from the full depth and a fresh budget history."
+        if self.depth_ctl: self.depth_ctl.reset()
+        if self.lagged: self.lagged.reset()
 
     def summary(self) -> str:
         s = self.stats
@@ -255,46 +292,79 @@ def sweep_prompts(model: str | Path, n: int, length: int = 128) -> list[list[int
 
 def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str = "cuda", dtype: str | None = None,
                    num_speculative_tokens: int = 5, max_tokens: int = 128, prompt_len: int = 128, temperature: float = 0.0,
-                   capacity="scheduler", modes=("none", "fixed", "capacity"), kv_cache_memory_bytes: int | None = None,
-                   seed: int = 0) -> list[dict]:
+                   capacity="auto", modes=("none", "fixed", "capacity"), kv_cache_memory_bytes: int | None = None,
+                   seed: int = 0, repeats: int = 3) -> list[dict]:
     """Throughput and acceptance of no speculation, fixed-K DSpark and capacity-controlled DSpark at each
-    concurrency, on identical held-out prompts. One dict per (mode, concurrency)."""
+    concurrency, on identical held-out prompts. One dict per (mode, concurrency): the run with the median
+    throughput of `repeats`.
+
+    Fixed K and capacity control run on **one** DSpark engine, with the controller detached for fixed K (then
+    the runner takes exactly the fixed-K path), and the modes take turns within each repeat. Separately built
+    engines differ by up to ~15% in throughput on a shared GPU host (memory placement, host cores), which
+    would swamp the few percent the comparison is about."""
     from dspark.engine import LLM
     from dspark.sampling import SamplingParams
+    for mode in modes:
+        if mode not in ("none", "fixed", "capacity"): raise ValueError(f"unknown sweep mode {mode!r}")
     cuda = str(device).startswith("cuda")
     dtype = dtype or ("bfloat16" if cuda else "float32")
     top = max(concurrencies)
     prompts = sweep_prompts(model, top, prompt_len)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    rows = []
-    for mode in modes:
-        if mode not in ("none", "fixed", "capacity"): raise ValueError(f"unknown sweep mode {mode!r}")
-        llm = LLM(model, speculative=None if mode == "none" else "dspark",
-                  num_speculative_tokens=None if mode == "none" else num_speculative_tokens,
-                  capacity=capacity if mode == "capacity" else None, device=device, dtype=dtype, seed=seed,
-                  max_num_seqs=top, max_num_batched_tokens=max(1024, top * (prompt_len + num_speculative_tokens + 1)),
-                  max_model_len=prompt_len + max_tokens + num_speculative_tokens + 2, enable_prefix_caching=False,
-                  kv_cache_memory_bytes=kv_cache_memory_bytes or (2 * 2**30 if cuda else 64 * 2**20))
+    build = lambda spec: LLM(
+        model, speculative=spec, num_speculative_tokens=num_speculative_tokens if spec else None,
+        capacity=capacity if spec else None, device=device, dtype=dtype, seed=seed, max_num_seqs=top,
+        max_num_batched_tokens=max(1024, top * (prompt_len + num_speculative_tokens + 1)),
+        max_model_len=prompt_len + max_tokens + num_speculative_tokens + 2, enable_prefix_caching=False,
+        kv_cache_memory_bytes=kv_cache_memory_bytes or (2 * 2**30 if cuda else 64 * 2**20))
+    engines = {}
+    if "none" in modes: engines["none"] = build(None)
+    if {"fixed", "capacity"} & set(modes): engines["fixed"] = engines["capacity"] = build("dspark")
+    for llm in set(engines.values()):
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=2, ignore_eos=True), use_tqdm=False)
-        for c in concurrencies:
-            before, cap0 = llm.spec_stats(), _cap_counts(llm)
-            sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i) for i in range(c)]
-            sync(); t0 = time.perf_counter()
-            outs = llm.generate(prompts[:c], sps, use_tqdm=False)
-            sync(); dt = time.perf_counter() - t0
-            after, cap1 = llm.spec_stats(), _cap_counts(llm)
-            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-            drafts = after["num_drafts"] - before["num_drafts"]
-            accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-            rows.append(dict(mode=mode, concurrency=c, tokens=tokens, wall_s=round(dt, 4), tok_s=tokens / dt,
-                             per_user_tok_s=tokens / dt / c, drafts=drafts,
-                             draft_tokens=after["num_draft_tokens"] - before["num_draft_tokens"],
-                             mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
-                             activation=llm.runner.capacity.activation if llm.runner.capacity else None,
-                             **{k: cap1[k] - cap0[k] for k in cap0}))
-        del llm; gc.collect()
-        if cuda: torch.cuda.empty_cache()
-    return rows
+    rows = []
+    for c in concurrencies:
+        runs = {m: [] for m in modes}
+        for _ in range(repeats):
+            for m in modes:
+                with _capacity_attached(engines[m], m == "capacity"):
+                    runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync))
+        for m in modes:
+            rs = sorted(runs[m], key=lambda r: r["tok_s"])
+            rows.append(dict(rs[len(rs) // 2], repeats=repeats, tok_s_all=[round(r["tok_s"], 1) for r in rs]))
+    del engines; gc.collect()
+    if cuda: torch.cuda.empty_cache()
+    return sorted(rows, key=lambda r: (modes.index(r["mode"]), r["concurrency"]))
+
+@contextmanager
+def _capacity_attached(llm, on: bool):
+    "Run with the engine's capacity controller, or (on=False) with it detached: the plain fixed-K runner."
+    r = llm.runner
+    cap, conf = r.capacity, getattr(r.proposer, "confidence", None)
+    if cap is not None and not on: r.capacity, r.proposer.confidence = None, None
+    if cap is not None and on: cap.idle()
+    try: yield
+    finally:
+        if cap is not None: r.capacity, r.proposer.confidence = cap, conf if conf is not None else {}
+
+def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: int, seed: int, sync) -> dict:
+    "One timed generate of `c` requests, with the engine's counters differenced around it."
+    from dspark.sampling import SamplingParams
+    before, cap0 = llm.spec_stats(), _cap_counts(llm)
+    sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i) for i in range(c)]
+    sync(); t0 = time.perf_counter()
+    outs = llm.generate(prompts[:c], sps, use_tqdm=False)
+    sync(); dt = time.perf_counter() - t0
+    after, cap1 = llm.spec_stats(), _cap_counts(llm)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    drafts = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    return dict(mode=mode, concurrency=c, tokens=tokens, wall_s=round(dt, 4), tok_s=tokens / dt,
+                per_user_tok_s=tokens / dt / c, drafts=drafts,
+                draft_tokens=after["num_draft_tokens"] - before["num_draft_tokens"],
+                mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
+                activation=llm.runner.capacity.activation if llm.runner.capacity else None,
+                **{k: cap1[k] - cap0[k] for k in cap0})
 
 def _cap_counts(llm) -> dict:
     "Capacity-control counters of an engine (zeros without it), to difference around a run."

@@ -100,6 +100,7 @@ class ModelRunner:
         self.capacity = None                           # a capacity_control.CapacityController, when enabled
         self.q: dict[str, torch.Tensor] = {}          # draft distributions of each request's pending drafts
         self.stats = SpecStats()
+        self.observed = False                          # whether this step's forward wrote the drafter's context itself
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
@@ -109,8 +110,11 @@ class ModelRunner:
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
         feats: list[torch.Tensor] = []
+        if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
+            for r, _ in batch: pr.claim(r.slot, r.request_id)
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
                               feats if pr and pr.final else None)
+        self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
         decided = {}                                               # id -> (drafts verified, accepted, tokens, logprobs)
         greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
         if greedy:                                                 # every row's argmax in one device-to-host copy
@@ -118,7 +122,7 @@ class ModelRunner:
         for i, ((r, n), lg) in enumerate(zip(batch, logits)):
             known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
             if n < known:                                          # a prefill chunk that does not reach the end
-                if pr: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
+                if pr and not self.observed: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
                 continue
             k = n - known
             rows = lg[known - 1:]                                  # row j verifies draft j+1; the last is the bonus
@@ -128,16 +132,17 @@ class ModelRunner:
                   [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)])
             decided[r.request_id] = (k, a, toks, lp)
         decided = self.canon(decided, "accepted tokens")           # under TP: rank 0's outcome, on every rank
-        out, logprobs, pending = {}, {}, []
+        out, logprobs, pending, outcomes = {}, {}, [], []
         for i, (r, n) in enumerate(batch):
             if r.request_id not in decided: continue
             k, a, toks, lp = decided[r.request_id]
             known = n - k
             if k: self.stats.record(k, a)
-            if k and self.capacity: self.capacity.observe(r.request_id, k, a)
+            if k and self.capacity: outcomes.append((r.request_id, k, a))
             out[r.request_id] = (known + a, toks)
             if lp is not None: logprobs[r.request_id] = lp
-            if pr: pending.append((r, feats[i][:known + a], known + a, toks))
+            if pr: pending.append((r, None if self.observed else feats[i][:known + a], known + a, toks))
+        if outcomes: self.capacity.observe_many(outcomes)          # one calibration update for the step
         if pr: self._propose_all(pending)
         if pr and decided:
             drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided}, "drafts")
@@ -150,8 +155,8 @@ class ModelRunner:
         return torch.arange(r.num_computed, r.num_computed + k, device=self.model.embed.weight.device)
 
     def _propose(self, r: Request, feats: torch.Tensor, positions: torch.Tensor, toks: list[int]) -> None:
-        "Show the drafter the newly committed positions, then draft the next round at the new anchor."
-        self.proposer.observe(r.slot, r.request_id, feats, positions, r.all_ids + toks)
+        "Show the drafter the newly committed positions (unless the step's forward did), then draft the next round at the new anchor."
+        if feats is not None: self.proposer.observe(r.slot, r.request_id, feats, positions, r.all_ids + toks)
         P = int(positions[-1]) + 1                                 # the anchor toks[-1] sits at P
         room, r.drafts = self._room(r, P, toks), []
         if room > 0:
@@ -165,8 +170,9 @@ class ModelRunner:
                 and all(m <= pr.ctx.w for _, _, m, _ in pending)):
             for r, f, m, toks in pending: self._propose(r, f, self._positions(r, m), toks)
             return
-        pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
-                        [self._positions(r, m) for r, _, m, _ in pending])
+        if not self.observed:
+            pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
+                            [self._positions(r, m) for r, _, m, _ in pending])
         plan = []
         for r, _, m, toks in pending:
             P = r.num_computed + m                                  # the anchor toks[-1] sits at P
@@ -269,13 +275,14 @@ class LLM:
         self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
                                   forward=self._forward_for(attention_backend, device, batch_invariant),
                                   canon=self._decision_canon())
-        if capacity is not None: self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         self.graphs = None
         if self._use_graphs(device, attention_backend, batch_invariant, enforce_eager):
             from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
             self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
+        if capacity is not None:                                 # after the graphs: its SPS curve times their replays
+            self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
@@ -387,6 +394,7 @@ class LLM:
             deltas.append(RequestDelta(rid, new, t.text[t.sent:end], logprobs.get(rid, [])[: len(new)] or None,
                                        reason, len(r.prompt_ids), len(r.output_ids), r.num_cached_tokens))
             t.sent = end
+        if self.runner.capacity is not None and not self.scheduler.has_work(): self.runner.capacity.idle()   # reset on idle
         return deltas
 
     def _stop_ids(self, sp: SamplingParams) -> set[int]:

@@ -7,8 +7,11 @@ Docs: https://dspark-dev.github.io/dspark/cuda_graphs.html.md"""
 # %% ../nbs/26_cuda_graphs.ipynb #0710829b
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,7 +29,7 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView', 'attend_static', 'StepOutputs',
-           'forward_static', 'bucket_sizes', 'fast_path', 'GraphRunner', 'DraftGraphs']
+           'forward_static', 'bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 @dataclass
@@ -172,12 +175,16 @@ class StepOutputs:
 
 @torch.no_grad()
 def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: tuple[int, ...] = (),
-                   finals: bool = False, mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head)) -> StepOutputs:
-    "The target forward of the first `n` rows of `buf` (padding included): no host synchronisation, fixed shapes."
+                   finals: bool = False, mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head),
+                   context: Callable | None = None) -> StepOutputs:
+    """The target forward of the first `n` rows of `buf` (padding included): no host synchronisation, fixed shapes.
+    `context(ring_slot [n], live [n], features [n, m·D], pos [n])`, if given, consumes the tapped features inside
+    the step (the DSpark context-ring update: `DSparkProposer.write_context`)."""
     cfg, st = model.cfg, StepView.of(buf, n)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
     x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
     feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
+    if context is not None: context(st.ring_slot, st.live, feats, st.pos)
     logits = model.head_logits(mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
     return StepOutputs(logits, feats, x[0] if finals else None)
 
@@ -207,12 +214,27 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
 # %% ../nbs/26_cuda_graphs.ipynb #8167e152
+def replay_ms(replay: Callable[[], None], reps: int = 5) -> float:
+    "Median device milliseconds of `replay()` (CUDA events, fresh per run; one warm-up run first)."
+    replay(); torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); replay(); b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
 class GraphRunner:
     "The engine's target forward: a CUDA-graph replay where the step allows one, else `eager`."
     def __init__(self, model, cache: PagedKVCache, eager: Callable, max_num_seqs: int, lookahead: int,
-                 max_model_len: int, taps: tuple[int, ...] = (), finals: bool = False, capture: bool = True):
-        self.model, self.cache, self.eager, self.taps, self.finals = model, cache, eager, tuple(taps), finals
+                 max_model_len: int, taps: tuple[int, ...] = (), finals: bool = False, capture: bool = True,
+                 context: Callable | None = None):
+        self.model, self.cache, self.taps, self.finals, self.context = model, cache, tuple(taps), finals, context
         self.mhc = fast_path(model)
+        ps = inspect.signature(eager).parameters
+        takes_mhc = "mhc" in ps or any(p.kind is p.VAR_KEYWORD for p in ps.values())
+        self.eager = functools.partial(eager, mhc=self.mhc) if takes_mhc else eager   # prefill gets the fused mHC too
+        self.wrote_context = False       # whether the last step's forward updated the drafter's context itself
         self.max_query = 1 + lookahead                    # tokens one request may bring (the rings' lookahead)
         self.max_tokens = max_num_seqs * self.max_query
         self.max_pos = max_model_len + lookahead
@@ -240,7 +262,8 @@ class GraphRunner:
             except RuntimeError as e:                      # still correct without: the batched eager draft step
                 log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
         return cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
-                   runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final))
+                   runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
+                   context=getattr(pr, "write_context", None))
 
     def summary(self) -> str:
         return (f"CUDA graphs: {len(self.graphs)} captured (steps of {self.sizes[0]}..{self.sizes[-1]} tokens) in "
@@ -255,7 +278,7 @@ class GraphRunner:
         import time
         t0, free0 = time.perf_counter(), torch.cuda.mem_get_info()[0]
         self.pool = torch.cuda.graph_pool_handle()
-        run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc)
+        run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc, self.context)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):                      # compile the Triton kernels, warm the allocator
@@ -269,6 +292,12 @@ class GraphRunner:
         torch.cuda.synchronize()
         self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - torch.cuda.mem_get_info()[0]
 
+    def step_ms(self, n: int, reps: int = 5) -> float:
+        """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
+        scratch sinks): what a verify step of `n` tokens costs, for capacity control's SPS curve."""
+        self._pad_only(n)
+        return replay_ms(self.graphs[n][0].replay, reps)
+
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
         "Whether a step fits a captured graph (see above)."
         if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return False
@@ -279,6 +308,7 @@ class GraphRunner:
 
     def __call__(self, model, cache, chunks: list[torch.Tensor], seqs: list[SeqView], taps: tuple[int, ...] = (),
                  features: list | None = None, finals: list | None = None) -> list[torch.Tensor]:
+        self.wrote_context = False
         if model is not self.model or cache is not self.cache or not self.can_replay(chunks, seqs, taps, finals):
             self.eager_steps += 1
             return self.eager(model, cache, chunks, seqs, taps, features, finals)
@@ -289,9 +319,10 @@ class GraphRunner:
         g, out = self.graphs[n]
         g.replay()
         self.replays += 1
+        self.wrote_context = self.context is not None
         bounds = [0] + torch.tensor(lens).cumsum(0).tolist()
         cut = lambda t: [t[a:e] for a, e in zip(bounds, bounds[1:])]
-        if taps and features is not None: features.extend(cut(out.features[:N].clone()))
+        if taps and features is not None and not self.wrote_context: features.extend(cut(out.features[:N].clone()))
         if finals is not None: finals.extend(cut(out.finals[:N].clone()))
         return cut(out.logits[:N])
 
@@ -317,6 +348,11 @@ class DraftGraphs:
             self.graphs[n] = (g, out)
 
     def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
+
+    def step_ms(self, reqs: int, reps: int = 5) -> float:
+        "Median device milliseconds of the draft step for `reqs` requests (it only reads the rings)."
+        n = next(s for s in self.sizes if s >= reqs)
+        return replay_ms(self.graphs[n][0].replay, reps)
 
     def __call__(self, slots: list[int], anchors: list[int], P: list[int]):
         "Replay for these requests; `(drafts [R, K], confidence logits [R, K], context complete [R])` on the device."

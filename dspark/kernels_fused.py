@@ -149,9 +149,9 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
 
 # %% ../nbs/20_kernels_fused.ipynb #29880103
 def forward_batched(model, cache, chunks: list[torch.Tensor], seqs, taps: tuple[int, ...] = (),
-                    features: list | None = None, finals: list | None = None) -> list[torch.Tensor]:
-    "`forward_cached` with every layer's attention run by `attend_batch` over the whole step (Triton kernels)."
+                    features: list | None = None, finals: list | None = None, **kw) -> list[torch.Tensor]:
+    "`forward_cached` (and its keywords, e.g. `mhc`) with every layer's attention run by `attend_batch` over the whole step (Triton kernels)."
     dev = model.embed.weight.device
     meta = batch_meta(seqs, [len(c) for c in chunks], cache.cc.block_size, device=dev)
     attend = lambda attn, layer_id, x: attend_batch(attn, layer_id, x, seqs, meta, cache)
-    return forward_cached(model, cache, chunks, seqs, taps, features, finals, attend=attend)
+    return forward_cached(model, cache, chunks, seqs, taps, features, finals, attend=attend, **kw)

@@ -283,13 +283,15 @@ def run_layers(model: Transformer, ids: torch.Tensor, attend: Callable, taps: tu
 @torch.no_grad()
 def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView],
                    taps: tuple[int, ...] = (), features: list | None = None, finals: list | None = None,
-                   attend: Callable | None = None) -> list[torch.Tensor]:
+                   attend: Callable | None = None,
+                   mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head)) -> list[torch.Tensor]:
     """Run each request's new tokens `chunks[i]` (1-D ids) at `seqs[i].start`; returns each chunk's logits
     `[n_i, V]`. With `taps`, `features` receives each chunk's hc-mean outputs of those layers, concatenated
     in the given order (`[n_i, len(taps)·D]`): the DSpark drafter's context features. `finals` receives the
     residual streams after the last layer (`[n_i, hc, D]`, before `hc_head`): the MTP layer's input.
     `attend(attn, layer_id, x [N, D])` replaces the per-request `attend_cached` loop with one call over all
-    the step's tokens (the batched GPU path); everything else in the layer is already batched."""
+    the step's tokens (the batched GPU path); everything else in the layer is already batched. `mhc`: the
+    (pre, post, head) hyper-connection functions (the fused GPU kernels on the fast path)."""
     cfg = model.cfg
     ids = torch.cat(chunks).unsqueeze(0).to(model.embed.weight.device)
     model.check_ids(ids, one_sequence=False)               # positions are per request (the scheduler bounds them)
@@ -298,10 +300,10 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
         return torch.cat([attend_cached(blk.attn, blk.layer_id, y[:, a:e], sq, cache)
                           for a, e, sq in zip(bounds, bounds[1:], seqs)], dim=1)
     step = (lambda blk, y: attend(blk.attn, blk.layer_id, y[0])[None]) if attend else per_request
-    x, tapped = run_layers(model, ids, step, taps)
+    x, tapped = run_layers(model, ids, step, taps, mhc[:2])
     if taps and features is not None:
         f = torch.cat([tapped[l] for l in taps], dim=-1)
         features.extend(f[a:e] for a, e in zip(bounds, bounds[1:]))
     if finals is not None: finals.extend(x[0, a:e] for a, e in zip(bounds, bounds[1:]))
-    logits = model.head_logits(hc_head(x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
+    logits = model.head_logits(mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
     return [logits[a:e] for a, e in zip(bounds, bounds[1:])]

@@ -335,7 +335,8 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("spec-log-interval", type=float, default=10.0, help="seconds between spec-decode summary log lines")
     f("log-level", default="info", choices=["debug", "info", "warning", "error"])
     f("dry-run", action="store_true", help="print the resolved configuration and memory plan, then exit")
-    f("capacity", choices=["off", "scheduler", "lagged", "threshold"], default="off", help="capacity-aware verification policy (DSpark)")
+    f("capacity", choices=["off", "auto", "scheduler", "lagged", "threshold"], default="off",
+      help="capacity-aware verification policy (DSpark); 'auto': 'lagged' on CUDA graphs, else 'scheduler'")
     f("capacity-threshold", type=float, default=0.5, help="survival threshold of the 'threshold' policy")
     f("capacity-sps", default="auto", help="steps-per-second curve: 'auto' (profile at start-up) or a JSON file")
     f("capacity-activation", type=int, default=None, help="requests per step at which capacity control starts (default: the curve's knee)")

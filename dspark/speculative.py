@@ -18,13 +18,19 @@ __all__ = ['DraftContext', 'DSparkProposer', 'MTPProposer']
 
 # %% ../nbs/13_speculative.ipynb #8737c068
 class DraftContext:
-    "Per-request rings of DSpark context rows (one per draft stage) and the position each slot holds."
+    """Per-request rings of DSpark context rows (one per draft stage) and the position each slot holds.
+    A ring holds `w + γ` positions, not `w`: a captured verify step writes the rows of all its tokens — drafts
+    that may be rejected included — without knowing which survive. Those sit at positions ≥ the next anchor,
+    which the mask `[P − w, P)` excludes, and the `γ` extra places keep them from overwriting the window
+    below it (a step writes at most `γ` positions past the last committed one). One extra ring, `scratch`,
+    takes the writes of a graph's padding rows."""
     def __init__(self, drafter: DSparkDrafter, max_seqs: int, device: str | torch.device):
         cfg = drafter.cfg
         self.drafter, self.w = drafter, cfg.sliding_window
+        self.size, self.scratch = self.w + drafter.block_size, max_seqs
         dtype = drafter.target.embed.weight.dtype
-        self.rows = torch.zeros(max_seqs, cfg.num_draft_stages, self.w, cfg.head_dim, dtype=dtype, device=device)
-        self.pos = torch.full((max_seqs, self.w), -1, dtype=torch.long, device=device)
+        self.rows = torch.zeros(max_seqs + 1, cfg.num_draft_stages, self.size, cfg.head_dim, dtype=dtype, device=device)
+        self.pos = torch.full((max_seqs + 1, self.size), -1, dtype=torch.long, device=device)
         self.owner: list[str | None] = [None] * max_seqs
 
     def claim(self, slot: int, request_id: str) -> None:
@@ -38,16 +44,18 @@ class DraftContext:
         self.insert_many(torch.full_like(positions, slot), feats, positions)
 
     def insert_many(self, slots: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor) -> None:
-        "`insert` for many requests in one batch: token t of `feats [T, m·D]` goes to ring `slots[t]` (≤ w each)."
+        """`insert` for many requests in one batch: token t of `feats [T, m·D]` goes to ring `slots[t]` (at most
+        `w + γ` positions each). Device in, nothing out: a captured step calls it with its padding rows aimed
+        at the `scratch` ring."""
         positions = positions.to(self.pos.device)
-        idx = positions % self.w
+        idx = positions % self.size
         for s, rows in enumerate(self.drafter.context_kv(feats, positions)):
             self.rows[slots, s, idx] = rows.to(self.rows.dtype)
         self.pos[slots, idx] = positions
 
     def gather(self, slot: int, P: int) -> list[torch.Tensor]:
         "Each stage's rows for positions `[P − w, P)` that the ring holds."
-        valid = (self.pos[slot] >= max(0, P - self.w)) & (self.pos[slot] < P)    # empty slots hold -1
+        valid = (self.pos[slot] >= max(0, P - self.w)) & (self.pos[slot] < P)    # empty places hold -1
         return [self.rows[slot, s][valid] for s in range(self.rows.shape[1])]
 
 # %% ../nbs/13_speculative.ipynb #05a047d1
@@ -61,6 +69,16 @@ class DSparkProposer:
 
     def observe(self, slot: int, rid: str, feats: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
         self.ctx.claim(slot, rid); self.ctx.insert(slot, feats, positions)
+
+    def claim(self, slot: int, rid: str) -> None:
+        "Before a step whose forward writes the ring itself (`write_context`): the slot is this request's."
+        self.ctx.claim(slot, rid)
+
+    def write_context(self, slots: torch.Tensor, live: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor) -> None:
+        """Inside a captured target step: every live token's context rows into its request's ring (verified or
+        not, see `DraftContext`), padding rows into the scratch ring. Device tensors only, so it is capturable;
+        it replaces `observe`/`observe_many` for the steps a graph runs."""
+        self.ctx.insert_many(torch.where(live, slots, self.ctx.scratch), feats, positions)
 
     def propose(self, slot: int, rid: str, anchor: int, P: int, n: int, params, seed: int):
         ctx = self.ctx.gather(slot, P)
@@ -97,7 +115,7 @@ class DSparkProposer:
             drafts, conf, complete = self.draft_tensors(t(slots), t(anchors), t(P), max(n))
         out, full = drafts.tolist(), complete.tolist()
         if self.confidence is not None:
-            conf = conf.clone()                                  # a graph's output is overwritten by its next replay
+            conf = conf.cpu()        # one copy for the batch (the drafts' copy already waited); a graph's output is overwritten by its next replay
             for i, rid in enumerate(rids): self.confidence[rid] = (conf[i, :n[i]], full[i])
         return [d[:k] for d, k in zip(out, n)]
 
