@@ -162,15 +162,15 @@ class SPSCurve:
         (b0, v0), (b1, v1) = pts[-2], pts[-1]
         return v1 + max(v1 - v0, 0.0) * (B - b1) / (b1 - b0)
 
-    def sps(self, B: int, R: int = 0) -> float:
-        "Steps per second of a step with R requests and B verify tokens."
-        return 1000.0 / (self.draft_step_ms + self.draft_ms * R + self.verify(B))
+    def sps(self, B: int, R: int = 0, host_ms: float = 0.0) -> float:
+        "Steps per second of a step with R requests and B verify tokens (plus `host_ms` of host time a step)."
+        return 1000.0 / (host_ms + self.draft_step_ms + self.draft_ms * R + self.verify(B))
 
-    def for_requests(self, R: int) -> Callable[[int], float]:
+    def for_requests(self, R: int, host_ms: float = 0.0) -> Callable[[int], float]:
         """The curve `B ↦ SPS(B)` the policies take, for a batch of R requests; its `vector(lo, hi)` gives
         `SPS(lo…hi)` as one tensor from a cached table of verify times (the policies run every step)."""
-        f = lambda B: self.sps(B, R)
-        f.vector = lambda lo, hi: 1000.0 / (self.draft_step_ms + self.draft_ms * R + self._verify_table(hi)[lo - 1:hi])
+        f = lambda B: self.sps(B, R, host_ms)
+        f.vector = lambda lo, hi: 1000.0 / (host_ms + self.draft_step_ms + self.draft_ms * R + self._verify_table(hi)[lo - 1:hi])
         return f
 
     def _verify_table(self, hi: int) -> torch.Tensor:

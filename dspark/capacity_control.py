@@ -186,6 +186,32 @@ class CapacityController:
         self.lagged = LaggedBudget() if config.policy == "lagged" else None
         self.staged: dict[str, torch.Tensor] = {}
         self.stats, self.steps = CapacityStats(), 0
+        self.host_ms_per_request: float | None = None   # measured host time of a step, per request (EMA)
+        self._mark: tuple[float, float, int] | None = None   # (time, device ms the curve predicts, requests) at the last decision
+
+    def host_ms(self, R: int) -> float:
+        "Host time of a step with R requests, as measured so far (0 before the first measurement)."
+        return 0.0 if self.host_ms_per_request is None else self.host_ms_per_request * R
+
+    def _clock(self, R: int, B: int) -> None:
+        """At each decision: the time since the previous one, less the device time the curve predicts for that
+        step, is the step's host time (scheduling, buffers, verification, detokenising). The SPS curve times
+        graph replays only; on a small model the host part dominates and makes extra verify tokens relatively
+        cheaper, so the policies and the activation test add it."""
+        now = time.perf_counter()
+        if self._mark is not None:
+            t, dev, R0 = self._mark
+            wall = 1000 * (now - t)
+            if wall < 4 * (dev + self.host_ms(R0)) + 20:         # not an idle gap between bursts
+                h = max(0.0, wall - dev) / R0
+                self.host_ms_per_request = h if self.host_ms_per_request is None else 0.9 * self.host_ms_per_request + 0.1 * h
+        self._mark = (now, self.curve.draft_step_ms + self.curve.draft_ms * R + self.curve.verify(max(B, 1)), R)
+
+    def worth(self, R: int, slack: float = 0.1) -> bool:
+        """Whether pruning can pay at R requests: verifying every draft would cost more than `1 + slack` times
+        verifying none, host time included. When it cannot, the controller stays bypassed (the fixed-K path)."""
+        H = self.host_ms(R) + self.curve.draft_step_ms + self.curve.draft_ms * R
+        return H + self.curve.verify(R * (self.K + 1)) > (1 + slack) * (H + self.curve.verify(R))
 
     @classmethod
     def build(cls, config: CapacityConfig, runner, max_num_seqs: int) -> "CapacityController":
@@ -204,23 +230,29 @@ class CapacityController:
 
     def _lengths(self, a: torch.Tensor) -> list[int]:
         R, pol = a.shape[0], self.config.policy
+        curve = lambda R: self.curve.for_requests(R, self.host_ms(R))
         if pol == "threshold": return threshold_lengths(a, self.config.threshold)
-        if pol == "lagged": return self.lagged.lengths(a, self.curve.for_requests)
-        return scheduler_lengths(a, self.curve.for_requests(R))
+        if pol == "lagged": return self.lagged.lengths(a, curve)
+        return scheduler_lengths(a, curve(R))
 
     def apply(self, reqs: list, runner) -> None:
         "Decide the verify lengths of the step's fresh proposals and cut each request's drafts to them."
         conf = runner.proposer.confidence
         found = {r.request_id: conf.pop(r.request_id, None) for r in reqs}
         if not reqs: return
-        active = len(reqs) >= self.activation
+        R = len(reqs)
+        active = R >= self.activation and (self.config.activation is not None or self.worth(R))
+        active = runner.canon({"active": active}, "capacity activation")["active"]   # host timings differ by rank
         if active != self.stats.active:
             log.info(f"capacity control {'enabled' if active else 'bypassed'} at {len(reqs)} requests (knee {self.activation})")
             if not active:
                 if self.depth_ctl: self.depth_ctl.reset()
                 if self.lagged: self.lagged.reset()
             self.stats.active = active
-        if not active: self.stats.bypassed_steps += 1; return
+        if not active:
+            self.stats.bypassed_steps += 1
+            self._clock(R, R + sum(len(r.drafts) for r in reqs))
+            return
         n = [len(r.drafts) for r in reqs]
         vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
         for i, r in enumerate(reqs):
@@ -239,6 +271,7 @@ class CapacityController:
             if self.sts and l and found[r.request_id][1]: self.staged[r.request_id] = vals[i][:n[i]]
         self._count(n, [lengths[r.request_id] for r in reqs])
         if self.depth_ctl: self.depth_ctl.update([lengths[r.request_id] for r in reqs])
+        self._clock(R, R + sum(lengths.values()))
 
     def _count(self, proposed: list[int], kept: list[int]) -> None:
         s = self.stats
@@ -268,13 +301,15 @@ class CapacityController:
         "The engine ran out of work: the next batch starts from the full depth and a fresh budget history."
         if self.depth_ctl: self.depth_ctl.reset()
         if self.lagged: self.lagged.reset()
+        self._mark = None                          # the idle gap is not a step
 
     def summary(self) -> str:
         s = self.stats
         T = ", ".join(f"{t:.2f}" for t in self.sts.temps.tolist()) if self.sts else "off"
         return (f"Capacity: {'active' if s.active else 'bypassed'} (knee {self.activation}), kept {s.kept}/{s.proposed} drafts, "
                 f"requests by kept drafts {s.kept_hist}, last verify batch {s.verify_tokens} tokens -> graph "
-                f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, STS T [{T}]")
+                f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, STS T [{T}], host "
+                f"{'n/a' if self.host_ms_per_request is None else f'{self.host_ms_per_request:.3f}'} ms/request a step")
 
 # %% ../nbs/21_capacity_control.ipynb #bb470e9a
 def sweep_prompts(model: str | Path, n: int, length: int = 128) -> list[list[int]]:
@@ -301,7 +336,7 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
     Fixed K and capacity control run on **one** DSpark engine, with the controller detached for fixed K (then
     the runner takes exactly the fixed-K path), and the modes take turns within each repeat. Separately built
     engines differ by up to ~15% in throughput on a shared GPU host (memory placement, host cores), which
-    would swamp the few percent the comparison is about."""
+    would swamp the few percent the comparison is about; the order of the modes alternates between repeats."""
     from dspark.engine import LLM
     from dspark.sampling import SamplingParams
     for mode in modes:
@@ -325,8 +360,8 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
     rows = []
     for c in concurrencies:
         runs = {m: [] for m in modes}
-        for _ in range(repeats):
-            for m in modes:
+        for rep in range(repeats):
+            for m in (modes if rep % 2 == 0 else modes[::-1]):     # alternate the order: no mode always runs second
                 with _capacity_attached(engines[m], m == "capacity"):
                     runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync))
         for m in modes:
@@ -364,6 +399,7 @@ def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: 
                 draft_tokens=after["num_draft_tokens"] - before["num_draft_tokens"],
                 mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
                 activation=llm.runner.capacity.activation if llm.runner.capacity else None,
+                host_ms_per_request=llm.runner.capacity.host_ms_per_request if llm.runner.capacity else None,
                 **{k: cap1[k] - cap0[k] for k in cap0})
 
 def _cap_counts(llm) -> dict:

@@ -267,7 +267,18 @@ class LLM:
                              f"{cfg.max_position_embeddings}")
         block_size = block_size or default_block_size(cfg)
         cache_dtype, fp8 = cache_format(kv_cache_dtype, self.model.embed.weight.dtype, device)
-        budget = kv_cache_memory_bytes or self._default_budget(device, gpu_memory_utilization)
+        self.memory = None                                       # a graphs.MemoryProfile when measured
+        if kv_cache_memory_bytes: budget = kv_cache_memory_bytes
+        elif str(device).startswith("cuda") and getattr(self, "world", 1) == 1:   # profile, then size the cache
+            from dspark.graphs import profile_memory
+            graphs = self._use_graphs(device, attention_backend, batch_invariant, enforce_eager)
+            taps = tuple(drafter.cfg.dspark_target_layer_ids) if speculative == "dspark" else ()
+            self.memory = profile_memory(self.model, self._forward_for(attention_backend, device, batch_invariant),
+                                         gpu_memory_utilization, max_num_batched_tokens,
+                                         max_num_seqs * (K + 1) if graphs else 0, self.max_model_len,
+                                         block_size, cache_dtype, taps)
+            budget = self.memory.kv_budget
+        else: budget = self._default_budget(device, gpu_memory_utilization)
         cc = plan_cache(cfg, budget, block_size, max_num_seqs, max_num_batched_tokens, K, cache_dtype, fp8)
         if num_kv_blocks is not None: cc.num_blocks = num_kv_blocks     # an override for tests and tuning
         proposer = (DSparkProposer(drafter, max_num_seqs, device) if speculative == "dspark" else
@@ -278,7 +289,10 @@ class LLM:
         self.graphs = None
         if self._use_graphs(device, attention_backend, batch_invariant, enforce_eager):
             from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
+            torch.cuda.synchronize(); torch.cuda.empty_cache(); free0 = torch.cuda.mem_get_info()[0]
             self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs)
+            torch.cuda.synchronize(); torch.cuda.empty_cache()
+            graph_bytes = free0 - torch.cuda.mem_get_info()[0]   # target and draft graphs, pools included
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
@@ -287,6 +301,9 @@ class LLM:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
         self.profile = profile_line(cfg, cc, self.max_model_len)
+        if self.memory is not None:
+            if self.graphs is not None: self.memory.graphs = graph_bytes
+            self.profile += "\n" + self.memory.summary(cc.num_blocks * cc.block_size, self.max_model_len)
         log.info(self.profile)
         if not log.hasHandlers(): print(self.profile)          # a notebook or script with no logging set up
 

@@ -29,7 +29,8 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView', 'attend_static', 'StepOutputs',
-           'forward_static', 'bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs']
+           'forward_static', 'bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile',
+           'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 @dataclass
@@ -276,6 +277,7 @@ class GraphRunner:
     def capture(self) -> None:
         "Warm up, then capture one graph per bucket (largest first, one shared memory pool)."
         import time
+        torch.cuda.synchronize(); torch.cuda.empty_cache()     # cached free blocks would blur the measurement
         t0, free0 = time.perf_counter(), torch.cuda.mem_get_info()[0]
         self.pool = torch.cuda.graph_pool_handle()
         run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc, self.context)
@@ -289,7 +291,7 @@ class GraphRunner:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool): out = run(n)
             self.graphs[n] = (g, out)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(); torch.cuda.empty_cache()
         self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - torch.cuda.mem_get_info()[0]
 
     def step_ms(self, n: int, reps: int = 5) -> float:
@@ -365,3 +367,64 @@ class DraftGraphs:
         g.replay()
         self.replays += 1
         return drafts[:R], conf[:R], complete[:R]
+
+# %% ../nbs/26_cuda_graphs.ipynb #21c3df06
+@dataclass
+class MemoryProfile:
+    "Where the GPU's memory goes, measured at start-up (bytes)."
+    total: int
+    utilization: float
+    weights: int          # torch allocations after loading: weights and buffers
+    other: int            # used outside torch's allocator: the CUDA context, libraries
+    activations: int      # peak working memory of the largest eager step
+    step_tokens: int      # that step's tokens
+    graph_reserve: int    # held back for the captured graphs' pool
+    kv_budget: int
+    graphs: int | None = None   # measured after capture
+
+    def summary(self, kv_tokens: int, max_model_len: int) -> str:
+        g = lambda b: f"{b / 2**30:.2f} GiB"
+        used = "" if self.graphs is None else f" (used {g(self.graphs)})"
+        return (f"GPU memory: {g(self.total)} x {self.utilization:.2f}; weights {g(self.weights)}, outside torch "
+                f"{g(self.other)}, activations of a {self.step_tokens}-token step {g(self.activations)}, graph reserve "
+                f"{g(self.graph_reserve)}{used}, KV cache {g(self.kv_budget)} = {kv_tokens} tokens, max concurrency "
+                f"{kv_tokens / max_model_len:.2f}x at max_model_len={max_model_len}")
+
+@torch.no_grad()
+def step_peak_bytes(model, forward: Callable, tokens: int, max_model_len: int, block_size: int, dtype: torch.dtype,
+                    taps: tuple[int, ...] = ()) -> int:
+    """Peak working memory of one eager prefill step of `tokens` tokens (split into sequences of at most
+    `max_model_len`), against a scratch cache that is allocated before and freed after the measurement."""
+    from dspark.kv_cache import CacheConfig
+    dev, cfg = model.embed.weight.device, model.cfg
+    lens = [min(max_model_len, tokens - a) for a in range(0, tokens, max_model_len)]
+    per = math.ceil(max(lens) / block_size) + 1
+    cache = PagedKVCache(cfg, CacheConfig(block_size, len(lens) * per, len(lens) * per, len(lens), 0, dtype), dev)
+    tables = [list(range(i * per, (i + 1) * per)) for i in range(len(lens))]
+    chunks = [torch.randint(0, cfg.vocab_size, (n,), device=dev) for n in lens]
+    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    feats: list[torch.Tensor] = []
+    forward(model, cache, chunks, [SeqView(t, t, i, 0) for i, t in enumerate(tables)], taps, feats)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del cache, feats, chunks
+    torch.cuda.empty_cache()
+    return peak
+
+def profile_memory(model, forward: Callable, utilization: float, max_batched_tokens: int, graph_tokens: int,
+                   max_model_len: int, block_size: int, dtype: torch.dtype, taps: tuple[int, ...] = ()) -> MemoryProfile:
+    "Measure the weights and the working memory, then size the KV budget from `utilization` (see above)."
+    torch.cuda.synchronize(); torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    weights, other = torch.cuda.memory_allocated(), total - free - torch.cuda.memory_reserved()
+    run = lambda n: step_peak_bytes(model, forward, n, max_model_len, block_size, dtype, taps)
+    act = run(max_batched_tokens)
+    # The graphs' pool holds the largest bucket's working memory, the draft step's, and every graph's kernel
+    # parameters (~1,000 nodes a graph, one graph a bucket): the eager peak of the largest step, doubled,
+    # plus a fixed 256 MiB. The real footprint is measured after capture and printed beside it.
+    graph = 2 * run(graph_tokens) + 256 * 2**20 if graph_tokens else 0
+    torch.cuda.synchronize(); torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    budget = int(utilization * total) - (total - free) - act - graph
+    return MemoryProfile(total, utilization, weights, other, act, max_batched_tokens, graph, max(0, budget))

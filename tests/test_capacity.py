@@ -253,3 +253,25 @@ def test_capacity_sweep_runs_on_cpu(ck7):
     by = {(r["mode"], r["concurrency"]): r for r in rows}
     assert by["none", 2]["drafts"] == 0 and by["fixed", 2]["drafts"] > 0 and by["fixed", 2]["mean_acceptance_length"] >= 1
     assert by["capacity", 1]["active_steps"] == 0 and by["capacity", 2]["active_steps"] > 0   # knee at 2 requests
+
+
+def test_measured_host_time_gates_activation():
+    "With the automatic knee, a load where host time swamps verification stays bypassed (exactly fixed K)."
+    from types import SimpleNamespace
+    from dspark.capacity import SPSCurve
+    from dspark.capacity_control import CapacityController
+    curve = SPSCurve([(1, 1.0), (8, 1.0), (16, 2.0), (48, 6.0), (96, 12.0)], capture_limit=96)   # verify is costly
+    cap = CapacityController(CapacityConfig(policy="scheduler"), 5, curve, [1, 8, 16, 48, 96], 16)
+    assert cap.activation <= 8 and cap.worth(8)                  # no host time measured: pruning pays at 8
+    cap.host_ms_per_request = 10.0                               # 80 ms of host time a step at 8 requests
+    assert not cap.worth(8)
+    runner = SimpleNamespace(proposer=SimpleNamespace(confidence={}), q={}, canon=lambda d, *a: d)
+    reqs = [SimpleNamespace(request_id=str(i), drafts=[1, 2, 3, 4, 5]) for i in range(8)]
+    for i in range(8): runner.proposer.confidence[str(i)] = (torch.full((5,), -3.0), True)   # unsure drafts
+    cap.apply(reqs, runner)
+    assert cap.stats.bypassed_steps == 1 and all(len(r.drafts) == 5 for r in reqs)
+    cap.host_ms_per_request = 0.0
+    reqs = [SimpleNamespace(request_id=str(i), drafts=[1, 2, 3, 4, 5]) for i in range(8)]
+    for i in range(8): runner.proposer.confidence[str(i)] = (torch.full((5,), -3.0), True)
+    cap.apply(reqs, runner)
+    assert cap.stats.active_steps == 1 and sum(len(r.drafts) for r in reqs) < 40   # now it prunes
