@@ -48,21 +48,12 @@ class OnlineSTS:
 
     def record(self, logits: torch.Tensor, verified: int, accepted: int) -> None:
         "One verified round: raw logits of its drafts, how many were verified, how many accepted."
-        if not 0 <= accepted <= verified <= len(logits): raise ValueError(f"accepted {accepted} of {verified} verified ({len(logits)} drafts)")
-        n = min(accepted + 1, verified)
-        if n == 0: return
-        for t in (self.trials, self.hits, self.zsum): t.mul_(self.decay)
-        z = torch.as_tensor(logits[:n], dtype=torch.float64).cpu()
-        k, b = torch.arange(n), self._bin(z)
-        self.trials[k, b] += 1; self.zsum[k, b] += z
-        self.hits[k[:accepted], b[:accepted]] += 1
-        self.pending += 1
-        if self.pending >= self.refit_every: self.fit()
+        self.record_many([logits], [verified], [accepted])
 
     def record_many(self, logits: list, verified: list[int], accepted: list[int]) -> None:
-        """`record` for a whole step's rounds (logits as tensors or float lists) in a few tensor ops (a per-round loop costs ~0.1 ms a request on
-        the host, milliseconds a step at 64 requests). The step's rounds are simultaneous: the counters decay
-        once per round, before any of the step's outcomes are added."""
+        """Verified rounds (logits as tensors or float lists) in a few tensor ops: a per-round loop costs ~0.1 ms
+        a request on the host, milliseconds a step at 64 requests. The rounds of one call are simultaneous: the
+        counters decay once per round, before any of their outcomes are added; the refit counter counts calls."""
         zs, ks, hits = [], [], []
         for z, v, a in zip(logits, verified, accepted):
             if not 0 <= a <= v <= len(z): raise ValueError(f"accepted {a} of {v} verified ({len(z)} drafts)")
@@ -78,7 +69,7 @@ class OnlineSTS:
         self.trials.index_put_((k, b), torch.ones_like(z), accumulate=True)
         self.zsum.index_put_((k, b), z, accumulate=True)
         self.hits.index_put_((k, b), torch.tensor(hits, dtype=torch.float64), accumulate=True)
-        self.pending += 1                          # refits count steps here: at 64 requests a round count would refit every step
+        self.pending += 1                          # per call (a step): at 64 requests a round count would refit every step
         if self.pending >= self.refit_every: self.fit()
 
     def _ece(self, trials: torch.Tensor, hits: torch.Tensor, zmean: torch.Tensor) -> torch.Tensor:
@@ -193,7 +184,7 @@ class CapacityController:
         "Host time of a step with R requests, as measured so far (0 before the first measurement)."
         return 0.0 if self.host_ms_per_request is None else self.host_ms_per_request * R
 
-    def _clock(self, R: int, B: int) -> None:
+    def _time_step(self, R: int, B: int) -> None:
         """At each decision: the time since the previous one, less the device time the curve predicts for that
         step, is the step's host time (scheduling, buffers, verification, detokenising). The SPS curve times
         graph replays only; on a small model the host part dominates and makes extra verify tokens relatively
@@ -251,14 +242,14 @@ class CapacityController:
             self.stats.active = active
         if not active:
             self.stats.bypassed_steps += 1
-            self._clock(R, R + sum(len(r.drafts) for r in reqs))
+            self._time_step(R, R + sum(len(r.drafts) for r in reqs))
             return
         n = [len(r.drafts) for r in reqs]
         vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
         for i, r in enumerate(reqs):
             c = found[r.request_id]
             if n[i] and c is None: raise RuntimeError(f"request {r.request_id}: drafts without confidences")
-            row = (c[0].tolist() if torch.is_tensor(c[0]) else list(c[0]))[:n[i]] if n[i] else []
+            row = c[0][:n[i]].tolist() if n[i] else []
             vals.append(row + [0.0] * (self.K - len(row)))
         z = torch.tensor(vals, dtype=torch.float64)
         cal = self.sts.calibrate(z) if self.sts else z
@@ -271,7 +262,7 @@ class CapacityController:
             if self.sts and l and found[r.request_id][1]: self.staged[r.request_id] = vals[i][:n[i]]
         self._count(n, [lengths[r.request_id] for r in reqs])
         if self.depth_ctl: self.depth_ctl.update([lengths[r.request_id] for r in reqs])
-        self._clock(R, R + sum(lengths.values()))
+        self._time_step(R, R + sum(lengths.values()))
 
     def _count(self, proposed: list[int], kept: list[int]) -> None:
         s = self.stats
@@ -292,8 +283,7 @@ class CapacityController:
 
     def observe(self, request_id: str, verified: int, accepted: int) -> None:
         "A verified round's outcome: feeds the calibration if its proposal was staged."
-        z = self.staged.pop(request_id, None)
-        if z is not None and self.sts: self.sts.record(z, min(verified, len(z)), accepted)
+        self.observe_many([(request_id, verified, accepted)])
 
     def forget(self, request_id: str) -> None: self.staged.pop(request_id, None)
 

@@ -268,14 +268,14 @@ class LLM:
         block_size = block_size or default_block_size(cfg)
         cache_dtype, fp8 = cache_format(kv_cache_dtype, self.model.embed.weight.dtype, device)
         self.memory = None                                       # a graphs.MemoryProfile when measured
+        use_graphs = self._use_graphs(device, attention_backend, batch_invariant, enforce_eager)
         if kv_cache_memory_bytes: budget = kv_cache_memory_bytes
         elif str(device).startswith("cuda") and getattr(self, "world", 1) == 1:   # profile, then size the cache
             from dspark.graphs import profile_memory
-            graphs = self._use_graphs(device, attention_backend, batch_invariant, enforce_eager)
             taps = tuple(drafter.cfg.dspark_target_layer_ids) if speculative == "dspark" else ()
             self.memory = profile_memory(self.model, self._forward_for(attention_backend, device, batch_invariant),
                                          gpu_memory_utilization, max_num_batched_tokens,
-                                         max_num_seqs * (K + 1) if graphs else 0, self.max_model_len,
+                                         max_num_seqs * (K + 1) if use_graphs else 0, self.max_model_len,
                                          block_size, cache_dtype, taps)
             budget = self.memory.kv_budget
         else: budget = self._default_budget(device, gpu_memory_utilization)
@@ -287,12 +287,9 @@ class LLM:
                                   forward=self._forward_for(attention_backend, device, batch_invariant),
                                   canon=self._decision_canon())
         self.graphs = None
-        if self._use_graphs(device, attention_backend, batch_invariant, enforce_eager):
+        if use_graphs:
             from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
-            torch.cuda.synchronize(); torch.cuda.empty_cache(); free0 = torch.cuda.mem_get_info()[0]
             self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs)
-            torch.cuda.synchronize(); torch.cuda.empty_cache()
-            graph_bytes = free0 - torch.cuda.mem_get_info()[0]   # target and draft graphs, pools included
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
@@ -302,7 +299,7 @@ class LLM:
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
         self.profile = profile_line(cfg, cc, self.max_model_len)
         if self.memory is not None:
-            if self.graphs is not None: self.memory.graphs = graph_bytes
+            if self.graphs is not None: self.memory.graphs = self.graphs.graph_bytes   # target and draft graphs
             self.profile += "\n" + self.memory.summary(cc.num_blocks * cc.block_size, self.max_model_len)
         log.info(self.profile)
         if not log.hasHandlers(): print(self.profile)          # a notebook or script with no logging set up

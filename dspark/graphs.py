@@ -8,7 +8,6 @@ Docs: https://dspark-dev.github.io/dspark/cuda_graphs.html.md"""
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import statistics
@@ -215,6 +214,11 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
 # %% ../nbs/26_cuda_graphs.ipynb #8167e152
+def _free_bytes() -> int:
+    "Free device memory once the allocator's cached blocks are returned (they would blur a measurement)."
+    torch.cuda.synchronize(); torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
 def replay_ms(replay: Callable[[], None], reps: int = 5) -> float:
     "Median device milliseconds of `replay()` (CUDA events, fresh per run; one warm-up run first)."
     replay(); torch.cuda.synchronize()
@@ -232,9 +236,7 @@ class GraphRunner:
                  context: Callable | None = None):
         self.model, self.cache, self.taps, self.finals, self.context = model, cache, tuple(taps), finals, context
         self.mhc = fast_path(model)
-        ps = inspect.signature(eager).parameters
-        takes_mhc = "mhc" in ps or any(p.kind is p.VAR_KEYWORD for p in ps.values())
-        self.eager = functools.partial(eager, mhc=self.mhc) if takes_mhc else eager   # prefill gets the fused mHC too
+        self.eager = functools.partial(eager, mhc=self.mhc)    # prefill gets the fused mHC too
         self.wrote_context = False       # whether the last step's forward updated the drafter's context itself
         self.max_query = 1 + lookahead                    # tokens one request may bring (the rings' lookahead)
         self.max_tokens = max_num_seqs * self.max_query
@@ -258,13 +260,17 @@ class GraphRunner:
         if drafter is not None:                            # the drafter gets the same fast kernels
             fast = fast_path(drafter)
             if hasattr(drafter, "mhc"): drafter.mhc = fast
+        free0 = _free_bytes()
         if hasattr(pr, "draft_tensors"):                   # DSpark: its greedy draft step
             try: pr.graphs = DraftGraphs(pr, max_num_seqs)
             except RuntimeError as e:                      # still correct without: the batched eager draft step
                 log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
-        return cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
-                   runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
-                   context=getattr(pr, "write_context", None))
+        draft_bytes = free0 - _free_bytes()
+        g = cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
+                runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
+                context=getattr(pr, "write_context", None))
+        g.graph_bytes += draft_bytes                       # the draft step's graphs count too
+        return g
 
     def summary(self) -> str:
         return (f"CUDA graphs: {len(self.graphs)} captured (steps of {self.sizes[0]}..{self.sizes[-1]} tokens) in "
@@ -277,8 +283,7 @@ class GraphRunner:
     def capture(self) -> None:
         "Warm up, then capture one graph per bucket (largest first, one shared memory pool)."
         import time
-        torch.cuda.synchronize(); torch.cuda.empty_cache()     # cached free blocks would blur the measurement
-        t0, free0 = time.perf_counter(), torch.cuda.mem_get_info()[0]
+        t0, free0 = time.perf_counter(), _free_bytes()
         self.pool = torch.cuda.graph_pool_handle()
         run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc, self.context)
         side = torch.cuda.Stream()
@@ -291,8 +296,7 @@ class GraphRunner:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool): out = run(n)
             self.graphs[n] = (g, out)
-        torch.cuda.synchronize(); torch.cuda.empty_cache()
-        self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - torch.cuda.mem_get_info()[0]
+        self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - _free_bytes()
 
     def step_ms(self, n: int, reps: int = 5) -> float:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
@@ -424,7 +428,6 @@ def profile_memory(model, forward: Callable, utilization: float, max_batched_tok
     # parameters (~1,000 nodes a graph, one graph a bucket): the eager peak of the largest step, doubled,
     # plus a fixed 256 MiB. The real footprint is measured after capture and printed beside it.
     graph = 2 * run(graph_tokens) + 256 * 2**20 if graph_tokens else 0
-    torch.cuda.synchronize(); torch.cuda.empty_cache()
-    free = torch.cuda.mem_get_info()[0]
+    free = _free_bytes()
     budget = int(utilization * total) - (total - free) - act - graph
     return MemoryProfile(total, utilization, weights, other, act, max_batched_tokens, graph, max(0, budget))

@@ -30,8 +30,8 @@ def runner(own_model):
     cc = CacheConfig(block_size=16, num_blocks=12, num_window_blocks=12, max_seqs=2, lookahead=3)
     cache = PagedKVCache(tiny_model.cfg, cc)
     calls = []
-    def eager(*a):
-        calls.append(a); return forward_cached(*a)
+    def eager(*a, **kw):                              # the runner passes its fused mHC functions as `mhc`
+        calls.append(a); return forward_cached(*a, **kw)
     r = GraphRunner(tiny_model, cache, eager, max_num_seqs=2, lookahead=3, max_model_len=80, capture=False)
     r.graphs = {n: None for n in r.sizes}              # pretend captured: only the eligibility rules are under test
     return r, cache, calls
