@@ -11,6 +11,7 @@ import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,12 +65,19 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
+def _fast_ok(fn) -> bool:
+    "Whether a module's fused GPU kernel (set by `graphs.fast_path`) may stand in: inference, not batch-invariant."
+    return fn is not None and not torch.is_grad_enabled() and not is_batch_invariant()
+
 class RMSNorm(nn.Module):
-    "RMSNorm with a learned per-channel weight; returns the input dtype."
+    """RMSNorm with a learned per-channel weight; returns the input dtype. `fast`, when the GPU fast path sets it,
+    is a one-launch kernel with the same arithmetic (`kernels_step.rms_norm_fused`)."""
+    fast = None
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fast_ok(self.fast): return self.fast(x, self.weight, self.eps)
         return per_token(lambda t: (self.weight.float() * rms_norm(t, self.eps)).to(t.dtype), x, lead=x.dim() - 1)
 
 # %% ../nbs/01_layers.ipynb #1591e8dc
@@ -165,7 +173,9 @@ def score_fn(logits: torch.Tensor, kind: str) -> torch.Tensor:
     return logits.softmax(-1)
 
 class Gate(nn.Module):
-    "Router: bias-corrected top-k (`bias`) or hash routing (`tid2eid`), normalised and scaled weights."
+    """Router: bias-corrected top-k (`bias`) or hash routing (`tid2eid`), normalised and scaled weights. `fast`,
+    when the GPU fast path sets it, does everything after the logits' GEMM in one launch (`kernels_step.router_fused`)."""
+    fast = None
     def __init__(self, cfg: ModelConfig, hashed: bool):
         super().__init__()
         self.cfg, self.hashed = cfg, hashed
@@ -174,23 +184,30 @@ class Gate(nn.Module):
         else: self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts))
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         "`x [N, D]` -> `(weights [N, k] fp32, expert ids [N, k])`."
-        s = score_fn(F.linear(x.float(), self.weight.float()), self.cfg.scoring_func)
+        logits, cfg = F.linear(x.float(), self.weight.float()), self.cfg
+        if _fast_ok(self.fast):
+            return self.fast(logits, cfg.num_experts_per_tok, cfg.scoring_func, cfg.routed_scaling_factor,
+                             None if self.hashed else self.bias, self.tid2eid if self.hashed else None, input_ids)
+        s = score_fn(logits, cfg.scoring_func)
         if self.hashed:
             if input_ids is None: raise ValueError("hash-routed MoE layers need the token ids")
             idx = self.tid2eid[input_ids.reshape(-1)]
         else: idx = topk_stable(s + self.bias.float(), self.cfg.num_experts_per_tok)
         w = s.gather(-1, idx)
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return w * self.cfg.routed_scaling_factor, idx
+        return w * cfg.routed_scaling_factor, idx
 
 class Expert(nn.Module):
-    "SwiGLU expert with clamped inputs; an optional routing weight scales the activation before `w2`."
+    """SwiGLU expert with clamped inputs; an optional routing weight scales the activation before `w2`. `fast`, when
+    the GPU fast path sets it, is the one-launch activation (`kernels_step.swiglu_fused`)."""
+    fast = None
     def __init__(self, dim: int, inter: int, limit: float):
         super().__init__()
         self.limit = limit
         self.w1, self.w3 = nn.Linear(dim, inter, bias=False), nn.Linear(dim, inter, bias=False)
         self.w2 = nn.Linear(inter, dim, bias=False)
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        if _fast_ok(self.fast) and x.dim() == 2: return self.w2(self.fast(self.w1(x), self.w3(x), self.limit, weight))
         gate = self.w1(x).float().clamp(max=self.limit)
         up = self.w3(x).float().clamp(-self.limit, self.limit)
         h = F.silu(gate) * up
@@ -301,8 +318,14 @@ def _swiglu(h13: torch.Tensor, weight: torch.Tensor, limit: float) -> torch.Tens
     gate, up = h13.float().chunk(2, dim=-1)
     return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * weight
 
+def _swiglu_cast(h13: torch.Tensor, weight: torch.Tensor, limit: float, fast: Callable | None) -> torch.Tensor:
+    "`_swiglu` cast back to the GEMM's dtype; in one launch when the fast path gave its kernel."
+    if fast is None: return _swiglu(h13, weight, limit).to(h13.dtype)
+    inter = h13.shape[-1] // 2
+    return fast(h13[:, :inter], h13[:, inter:], limit, weight)
+
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: StackedExperts,
-                    first: int, limit: float) -> torch.Tensor:
+                    first: int, limit: float, fast_act: Callable | None = None) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, from two grouped GEMMs over the pairs sorted by expert. No host
     synchronisation on CPU or for bf16 on sm90/sm100 GPUs; on other GPUs or dtypes `torch._grouped_mm` falls back
     to a per-group loop that reads the group offsets on the host."""
@@ -318,7 +341,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, s
     offs = torch.searchsorted(keys, torch.arange(E, device=x.device), right=True, out_int32=True)  # group ends
     xs = x.index_select(0, order // k)
     h = torch._grouped_mm(xs, st.w13.transpose(-2, -1), offs=offs)
-    h = _swiglu(h, weights.reshape(-1, 1).index_select(0, order), limit).to(x.dtype)
+    h = _swiglu_cast(h, weights.reshape(-1, 1).index_select(0, order), limit, fast_act)
     ys = torch._grouped_mm(h, st.w2.transpose(-2, -1), offs=offs)
     y = torch.empty_like(ys).index_copy_(0, order, ys)             # back to (token, slot) order
     y = torch.where(inside[:, None], y.float(), 0.0)               # outsiders' rows were never written
@@ -341,8 +364,10 @@ def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: tor
     if moe.impl not in MOE_IMPLS: raise ValueError(f"MoE impl must be one of {', '.join(MOE_IMPLS)}, got {moe.impl!r}")
     st: StackedExperts | None = moe.__dict__.get("_stacked")
     if st is None or st.w13.shape[0] != len(moe.experts) or st.ptrs != _ends(moe.experts): st = stack_experts(moe)
-    run = grouped_experts if moe.impl == "grouped" else dense_experts
-    return run(x, weights, idx, st, moe.first, moe.experts[0].limit)
+    ex = moe.experts[0]
+    if moe.impl == "grouped":
+        return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if _fast_ok(ex.fast) else None)
+    return dense_experts(x, weights, idx, st, moe.first, ex.limit)
 
 def set_moe_impl(model: nn.Module, impl: str) -> int:
     """Choose the routed-expert path of every `MoE` inside `model` (a target, a drafter, or one MoE): "loop" (the
