@@ -24,7 +24,7 @@ import triton.language as tl
 from .attention import compressed_visible, sink_attention, window_mask
 from .kv_cache import SeqView
 from .quant import dequantize_index_rows, dequantize_kv_rows
-from .layers import topk_stable
+from .layers import is_batch_invariant, topk_stable
 
 # %% auto #0
 __all__ = ['BatchMeta', 'batch_meta', 'sparse_attention', 'sparse_attention_ref', 'indexer_scores', 'indexer_topk',
@@ -95,13 +95,14 @@ def _load_rows(ptr, sc_ptr, rows, srows, valid, dd, D: tl.constexpr, NOPE: tl.co
         return tl.load(ptr + rows[:, None] + dd[None, :], mask=valid[:, None] & (dd < D)[None, :], other=0.0)
 
 @triton.jit
-def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_ptr, wtab_ptr, ctab_ptr, idx_ptr,
+def _sparse_attn_kernel(q_ptr, o_ptr, ml_ptr, acc_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_ptr, wtab_ptr, ctab_ptr, idx_ptr,
                         wsc_ptr, esc_ptr, H, K, scale, window, ratio, block_size,
                         sq_t, sq_h, so_t, so_h, swin_b, swin_r, sent_b, sent_r, swt, sct, sidx,
                         swsc_b, swsc_r, sesc_b, sesc_r,
                         D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        MODE: tl.constexpr, PREC: tl.constexpr, NOPE: tl.constexpr, FP8: tl.constexpr):
-    t, hb = tl.program_id(0).to(tl.int64), tl.program_id(1)
+                        MODE: tl.constexpr, PREC: tl.constexpr, NOPE: tl.constexpr, FP8: tl.constexpr,
+                        SPLITS: tl.constexpr):
+    t, hb, sp = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < H
     dd = tl.arange(0, BLOCK_D)
@@ -113,9 +114,11 @@ def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_p
     q = tl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + dd[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
     m = tl.load(sink_ptr + heads, mask=hm, other=0.0).to(tl.float32)   # the sink is the first logit ...
     l = tl.full([BLOCK_H], 1.0, tl.float32)                            # ... with weight exp(sink - m) = 1
+    if sp > 0:                                                         # (split 0 holds it; the others start empty)
+        m, l = tl.full([BLOCK_H], -1e30, tl.float32), tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     lo = tl.maximum(p - window + 1, 0)                                 # window rows lo .. p
-    for j in range(0, tl.where(live, p - lo + 1, 0), BLOCK_N):
+    for j in range(sp * BLOCK_N, tl.where(live, p - lo + 1, 0), SPLITS * BLOCK_N):   # every SPLITS-th tile
         kp = lo + j + ar
         valid = kp <= p
         blk = tl.load(wtab_ptr + req * swt + kp // block_size, mask=valid, other=0).to(tl.int64)
@@ -128,7 +131,7 @@ def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_p
         per_block = block_size // ratio
         if MODE == 1: n_iter = tl.where(live, K, 0)
         else: n_iter = n_vis
-        for j in range(0, n_iter, BLOCK_N):
+        for j in range(sp * BLOCK_N, n_iter, SPLITS * BLOCK_N):
             if MODE == 1: e = tl.load(idx_ptr + t * sidx + j + ar, mask=j + ar < K, other=-1)
             else: e = j + ar
             valid = (e >= 0) & (e < n_vis)
@@ -137,19 +140,43 @@ def _sparse_attn_kernel(q_ptr, o_ptr, win_ptr, ent_ptr, sink_ptr, req_ptr, pos_p
             k = _load_rows(ent_ptr, esc_ptr, rows, blk * sesc_b + (e % per_block) * sesc_r, valid, dd, D, NOPE, FP8)
             k = k.to(q.dtype)
             m, l, acc = _online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
-    tl.store(o_ptr + t * so_t + heads[:, None] * so_h + dd[None, :], acc / l[:, None], mask=hm[:, None] & dm[None, :])
+    if SPLITS == 1:
+        tl.store(o_ptr + t * so_t + heads[:, None] * so_h + dd[None, :], acc / l[:, None], mask=hm[:, None] & dm[None, :])
+    else:          # partial results [N, SPLITS, H] (max, denominator) and [N, SPLITS, H, D] (numerator)
+        ws = (t * SPLITS + sp) * H + heads
+        tl.store(ml_ptr + 2 * ws, m, mask=hm)
+        tl.store(ml_ptr + 2 * ws + 1, l, mask=hm)
+        tl.store(acc_ptr + ws[:, None] * D + dd[None, :], acc, mask=hm[:, None] & dm[None, :])
+
+@triton.jit
+def _attn_combine_kernel(o_ptr, ml_ptr, acc_ptr, H, so_t, so_h, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                         SPLITS: tl.constexpr):
+    "Merge the splits' softmax partials of one (token, head, channel block): rescale to the common max, divide once."
+    t, h, db = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    sp = tl.arange(0, SPLITS)
+    dd = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    ws = (t * SPLITS + sp) * H + h
+    m = tl.load(ml_ptr + 2 * ws)
+    a = tl.exp(m - tl.max(m, 0))
+    L = tl.sum(a * tl.load(ml_ptr + 2 * ws + 1), 0)
+    acc = tl.load(acc_ptr + ws[:, None] * D + dd[None, :], mask=(dd < D)[None, :], other=0.0)
+    tl.store(o_ptr + t * so_t + h * so_h + dd, tl.sum(a[:, None] * acc, 0) / L, mask=dd < D)
 
 # %% ../nbs/19_kernels_attention.ipynb #216620e9
 def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, sink: torch.Tensor, meta: BatchMeta, window: int,
                      scale: float, entries: torch.Tensor | None = None, ratio: int = 0,
                      topk_idx: torch.Tensor | None = None, block_n: int = 32,
                      window_scales: torch.Tensor | None = None, entry_scales: torch.Tensor | None = None,
-                     rope_dim: int = 0) -> torch.Tensor:
+                     rope_dim: int = 0, splits: int | None = 1) -> torch.Tensor:
     """Attention of `q [N, H, d]` over each token's window rows (`window_cache [blocks, block_size, d]`) plus its
     compressed entries (`entries [blocks, block_size // ratio, d]`): those in `topk_idx [N, K]` (CSA; -1 = none)
     or, without `topk_idx`, every visible one (HCA). Returns `[N, H, d]` fp32; zeros for padding tokens.
     FP8 rows: `window_cache`/`entries` are the uint8 data views of an FP8 cache (`PagedKVCache.packed`), with
-    their `window_scales`/`entry_scales` views and the cache's `rope_dim`; rows are dequantised in the kernel."""
+    their `window_scales`/`entry_scales` views and the cache's `rope_dim`; rows are dequantised in the kernel.
+    `splits` (a power of two): how many programs share one token's rows (flash-decoding; their partial softmax
+    sums are merged by a second launch); a token's result depends on it only through rounding. `None` picks it
+    from the step's size (`_auto_splits`): the captured decode steps do, compiling each variant at capture time;
+    eager steps keep 1, so a prefill never compiles a new variant in the middle of serving."""
     N, H, d = q.shape
     fp8 = window_scales is not None
     if fp8:
@@ -169,15 +196,36 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, sink: torch.Te
     esc = (entry_scales if entries is not None else window_scales) if fp8 else ent
     idx = topk_idx if topk_idx is not None else meta.tok_req.view(N, 1)   # unused unless MODE 1
     BH = min(64, max(16, triton.next_power_of_2(H)))
-    _sparse_attn_kernel[(N, triton.cdiv(H, BH))](
-        q, o, window_cache, ent, sink.float().contiguous(), meta.tok_req, meta.tok_pos, meta.window_tables,
+    hb = triton.cdiv(H, BH)
+    if splits is None: splits = _auto_splits(N * hb, window, ratio, mode, idx.shape[1], meta, block_n, q.device)
+    if splits < 1 or splits & (splits - 1): raise ValueError(f"splits must be a power of two, got {splits}")
+    ml = acc = o
+    if splits > 1:
+        ml = torch.empty(N, splits, H, 2, dtype=torch.float32, device=q.device)
+        acc = torch.empty(N, splits, H, d, dtype=torch.float32, device=q.device)
+    _sparse_attn_kernel[(N, hb, splits)](
+        q, o, ml, acc, window_cache, ent, sink.float().contiguous(), meta.tok_req, meta.tok_pos, meta.window_tables,
         meta.tables, idx, wsc, esc, H, idx.shape[1], scale, window, max(ratio, 1), meta.block_size,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), window_cache.stride(0), window_cache.stride(1),
         ent.stride(0), ent.stride(1), meta.window_tables.stride(0), meta.tables.stride(0), idx.stride(0),
         wsc.stride(0), wsc.stride(1), esc.stride(0), esc.stride(1),
         D=d, BLOCK_H=BH, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, MODE=mode,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", NOPE=d - rope_dim if fp8 else d, FP8=fp8)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", NOPE=d - rope_dim if fp8 else d, FP8=fp8, SPLITS=splits)
+    if splits > 1:
+        BD = min(128, triton.next_power_of_2(d))
+        _attn_combine_kernel[(N, H, triton.cdiv(d, BD))](o, ml, acc, H, o.stride(0), o.stride(1), D=d, BLOCK_D=BD,
+                                                         SPLITS=splits)
     return o
+
+def _auto_splits(programs: int, window: int, ratio: int, mode: int, k: int, meta: BatchMeta, block_n: int,
+                 device) -> int:
+    """Splits that bring a small step's programs near two per SM, never more than its tiles of rows: a power of two
+    up to 16, so that a handful of kernel variants serve every batch size (each split count compiles once)."""
+    if is_batch_invariant() or device.type != "cuda": return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = window + (k if mode == 1 else meta.max_pos // max(ratio, 1) if mode == 2 else 0)
+    want = min(16, (2 * sms) // max(programs, 1), triton.cdiv(rows, block_n))
+    return 1 if want < 2 else 1 << (want.bit_length() - 1)
 
 # %% ../nbs/19_kernels_attention.ipynb #1f64981e
 def _request_tokens(meta: BatchMeta, r: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,8 +234,9 @@ def _request_tokens(meta: BatchMeta, r: int) -> tuple[torch.Tensor, torch.Tensor
 
 def sparse_attention_ref(q, window_cache, sink, meta: BatchMeta, window: int, scale: float,
                          entries=None, ratio: int = 0, topk_idx=None, window_scales=None, entry_scales=None,
-                         rope_dim: int = 0) -> torch.Tensor:
-    "Reference for `sparse_attention`: per request, gather rows as `attend_cached` does and call `sink_attention`."
+                         rope_dim: int = 0, splits: int | None = 1) -> torch.Tensor:
+    """Reference for `sparse_attention`: per request, gather rows as `attend_cached` does and call `sink_attention`.
+    `splits` is accepted so the reference can stand in for the kernel anywhere; it computes each row in one piece."""
     N, H, d = q.shape
     if window_scales is not None:          # FP8 rows: dequantise the whole pool with the torch codec first
         window_cache = dequantize_kv_rows(window_cache, window_scales, rope_dim).to(q.dtype)

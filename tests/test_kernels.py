@@ -71,6 +71,13 @@ def test_sparse_attention_matches_reference(mode):
     one = batch_meta([SeqView(meta.window_tables[1].tolist(), meta.tables[1].tolist(), 0, 52)], [1], 16, device=DEV)
     kw1 = {**kw, "topk_idx": kw["topk_idx"][3:4]} if mode == "csa" else kw
     assert torch.equal(sparse_attention(q[3:4], win, sink, one, w, d ** -0.5, **kw1)[0], o[3])   # batch-independent
+    bn = 8 if DEV == "cpu" else 16     # small tiles give each split several; tl.dot on a GPU wants K >= 16
+    o2 = sparse_attention(q, win, sink, meta, w, d ** -0.5, splits=2, block_n=bn, **kw)   # flash-decoding splits
+    assert (o2 - o).abs().max() <= TOL and o2[-3:].abs().max() == 0
+    assert torch.equal(sparse_attention(q[3:4], win, sink, one, w, d ** -0.5, splits=2, block_n=bn, **kw1)[0], o2[3])
+    o16 = sparse_attention(q[3:4], win, sink, one, w, d ** -0.5, splits=16, block_n=bn, **kw1)   # more splits than tiles
+    assert (o16[0] - o[3]).abs().max() <= TOL
+    with pytest.raises(ValueError, match="power of two"): sparse_attention(q, win, sink, meta, w, d ** -0.5, splits=3, **kw)
 
 
 def test_sparse_attention_rejects_dtype_mismatch():
