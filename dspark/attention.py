@@ -176,12 +176,15 @@ class Attention(nn.Module):
         "Inverse RoPE at the query position, then the grouped low-rank projection `wo_a` (per group) and `wo_b`."
         B, T = o.shape[:2]
         def project(o, cos, sin):
-            o = apply_rope(o, cos.unsqueeze(-2), -sin.unsqueeze(-2)).to(dtype)
-            g = self.cfg.o_groups
-            o = o.flatten(2).unflatten(-1, (g, -1))                           # [B, T, g, H*d/g]
-            z = torch.einsum("btgi,goi->btgo", o, self.wo_a.weight.view(g, self.cfg.o_lora_rank, -1))
-            return self.wo_b(z.flatten(2))
+            return self.project_out(apply_rope(o, cos.unsqueeze(-2), -sin.unsqueeze(-2)).to(dtype))
         return per_token(project, o, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2)
+
+    def project_out(self, o: torch.Tensor) -> torch.Tensor:
+        "The grouped low-rank projection of de-rotated heads `[..., H, d]` → `[..., D]` (the fast path de-rotates in place)."
+        g = self.cfg.o_groups
+        o = o.flatten(-2).unflatten(-1, (g, -1))                              # [..., g, H*d/g]
+        z = torch.einsum("...gi,goi->...go", o, self.wo_a.weight.view(g, self.cfg.o_lora_rank, -1))
+        return self.wo_b(z.flatten(-2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         "Full causal attention over a sequence starting at position 0 (`x` is the normed input `[B,T,D]`)."

@@ -18,20 +18,45 @@ import torch
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
 from .kernels_fused import qkv_rope_insert_
+from .kernels_step import compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from .attention import Attention
 from .config import CSA, SLIDING
 from .kv_cache import PagedKVCache, SeqView, run_layers
-from .layers import apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin, set_moe_impl
+from .layers import (Expert, Gate, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
+                           set_moe_impl)
 from .quant import fake_quant_index, fake_quant_kv
 
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView', 'attend_static', 'StepOutputs',
-           'forward_static', 'bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile',
-           'step_peak_bytes', 'profile_memory']
+__all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView',
+           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'fast_path',
+           'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
+class HostStage:
+    """Host mirrors of some device buffers, in pinned memory allocated once. Building a fresh tensor and pinning it
+    for every copy cost more than the copies themselves (a few pinned allocations per step, ~0.4 ms on the H200's
+    host at one request). A stage is refilled only after the copies out of it have run: `wait` checks an event
+    recorded after them, and in the steady state the step's own device-to-host read has already passed it, so
+    the check never blocks."""
+    def __init__(self, bufs: dict[str, torch.Tensor]):
+        pin = any(b.is_cuda for b in bufs.values())
+        self.host = {k: torch.empty(b.shape, dtype=b.dtype, pin_memory=pin) for k, b in bufs.items()}
+        self.np = {k: h.numpy() for k, h in self.host.items()}
+        self.event = torch.cuda.Event() if pin else None
+
+    def wait(self) -> None:
+        "Before refilling: the previous copies out of the stage are done."
+        if self.event is not None and not self.event.query(): self.event.synchronize()
+
+    def send(self, dst: torch.Tensor, name: str, n: int) -> None:
+        "Copy the first `n` rows of mirror `name` into the first `n` rows of the device buffer `dst`, asynchronously."
+        dst[:n].copy_(self.host[name][:n], non_blocking=True)
+
+    def sent(self) -> None:
+        if self.event is not None: self.event.record()
+
 @dataclass
 class StepBuffers:
     "Device inputs of a graph step at stable addresses: per token (`[N]`) and per request row (`[R, blocks]`)."
@@ -44,14 +69,17 @@ class StepBuffers:
     tables: torch.Tensor         # [R, C] int32
     block_size: int
     max_pos: int                 # the largest position a step may hold (fixes the indexer's column count)
+    stage: HostStage | None = None   # pinned host mirrors of the per-step inputs (all but `ids`)
 
     @classmethod
     def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":
         blocks = math.ceil((max_pos + 1) / block_size)
         z = lambda *s, dt: torch.zeros(*s, dtype=dt, device=device)
-        return cls(z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int32), z(max_tokens, dt=torch.int32),
-                   z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_reqs, blocks, dt=torch.int32),
-                   z(max_reqs, blocks, dt=torch.int32), block_size, max_pos)
+        buf = cls(z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int32), z(max_tokens, dt=torch.int32),
+                  z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_reqs, blocks, dt=torch.int32),
+                  z(max_reqs, blocks, dt=torch.int32), block_size, max_pos)
+        buf.stage = HostStage({k: getattr(buf, k) for k in STAGED})
+        return buf
 
     def meta(self, n: int) -> BatchMeta:
         "The attention kernels' view of the first `n` token rows (fixed shapes: no host copies of maxima)."
@@ -59,27 +87,27 @@ class StepBuffers:
                          self.block_size, self.max_pos, [])
 
 # %% ../nbs/26_cuda_graphs.ipynb #13701ad7
-def _row(table: list[int], width: int) -> list[int]:
-    return table + [-1] * (width - len(table))
+STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "window_tables", "tables")
 
 def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
     "Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding."
-    req, pos, slots, ring = [], [], [], []
-    bs = buf.block_size
+    st, bs = buf.stage, buf.block_size
+    st.wait()
+    h, k = st.np, 0
     for i, (s, c) in enumerate(zip(seqs, chunks)):
-        for p in range(s.start, s.start + len(c)):
-            req.append(i); pos.append(p); ring.append(s.slot)
-            slots.append(s.window_table[p // bs] * bs + p % bs)
-    pad = n - len(req)
-    host = lambda v, dt: torch.tensor(v, dtype=dt).pin_memory() if torch.cuda.is_available() else torch.tensor(v, dtype=dt)
-    copy = lambda dst, v, dt: dst.copy_(host(v, dt), non_blocking=True)
-    copy(buf.tok_req[:n], req + [-1] * pad, torch.int32)
-    copy(buf.tok_pos[:n], pos + [-1] * pad, torch.int32)
-    copy(buf.slots[:n], slots + [-1] * pad, torch.int64)
-    copy(buf.ring_slot[:n], ring + [scratch_slot] * pad, torch.int64)
-    W, C = buf.window_tables.shape[1], buf.tables.shape[1]
-    copy(buf.window_tables[:len(seqs)], [_row(s.window_table, W) for s in seqs], torch.int32)
-    copy(buf.tables[:len(seqs)], [_row(s.table, C) for s in seqs], torch.int32)
+        ps = range(s.start, s.start + len(c))
+        e = k + len(ps)
+        h["tok_req"][k:e], h["tok_pos"][k:e], h["ring_slot"][k:e] = i, ps, s.slot
+        h["slots"][k:e] = [s.window_table[p // bs] * bs + p % bs for p in ps]
+        k = e
+    h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n] = -1, -1, -1, scratch_slot
+    R = len(seqs)
+    for name, tabs in (("window_tables", [s.window_table for s in seqs]), ("tables", [s.table for s in seqs])):
+        rows = h[name]
+        rows[:R] = -1                                   # past a table's end: no block (never a stale one)
+        for i, tab in enumerate(tabs): rows[i, :len(tab)] = tab
+    for name in STAGED: st.send(getattr(buf, name), name, R if name.endswith("tables") else n)
+    st.sent()
     ids = torch.cat(chunks).to(buf.ids.device)
     buf.ids[:len(ids)].copy_(ids)
     buf.ids[len(ids):n].zero_()
@@ -123,17 +151,42 @@ class StepView:
     pos: torch.Tensor        # [N] int64, padding clamped to 0
     live: torch.Tensor       # [N] bool
     ring_slot: torch.Tensor  # [N] int64
+    angles: dict = field(default_factory=dict)   # (cos, sin) per RoPE table, computed by the first layer that uses it
 
     @classmethod
     def of(cls, buf: StepBuffers, n: int) -> "StepView":
         meta = buf.meta(n)
         return cls(meta, meta.tok_pos.long().clamp(min=0), meta.tok_pos >= 0, buf.ring_slot[:n])
 
+    def rope(self, inv: torch.Tensor, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin at the step's positions for a layer's table. A model has two tables (`rope_inv_freq`: sliding,
+        compressed), so a step computes each once instead of once per layer."""
+        if compressed not in self.angles:
+            cos, sin = rope_cos_sin(inv, self.pos)
+            self.angles[compressed] = cos, sin, -sin
+        return self.angles[compressed][:2]
+
+    def unrope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        "cos and −sin for the inverse rotation of the attention output (after `rope` for the same table)."
+        return self.angles[compressed][0], self.angles[compressed][2]
+
+def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,
+                    index: bool, sim: bool) -> None:
+    """One compressor's update for the step: the one-launch `kernels_step.compress_step_` for BF16/FP32 caches,
+    else (FP8 rows, or the simulated quantisation) `compress_tokens` + `store_entries`, which quantise the entries."""
+    meta = st.meta
+    if not sim:
+        compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
+                       pool, comp.norm.weight, inv, comp.ratio, comp.overlap, meta.block_size, comp.norm.eps)
+        return
+    new, done = compress_tokens(comp, x, st.pos, ring, st.ring_slot, inv)
+    store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, done & st.live, new, comp.ratio, index=index, sim=sim)
+
 def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView, cache: PagedKVCache) -> torch.Tensor:
     "Layer `layer_id` attention for the step's tokens `x [N, D]`, reading and extending `cache`; graph-capturable."
     cfg, N, meta = attn.cfg, x.shape[0], st.meta
     inv = attn.inv_freq
-    cos, sin = rope_cos_sin(inv, st.pos)
+    cos, sin = st.rope(inv, attn.kind != SLIDING)
     qr = attn.q_norm(attn.wq_a(x))
     q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), attn.wkv(x)
     sim, rope = cache.cc.fp8 or attn.qat, cfg.qk_rope_head_dim
@@ -145,13 +198,10 @@ def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView,
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        new, done = compress_tokens(attn.compressor, x, st.pos, cache.rings[layer_id], st.ring_slot, inv)
-        store_entries(cache, cache.entries[layer_id], meta.tables, meta.tok_req, st.pos, done & st.live, new, r, sim=sim)
+        compress_static(attn.compressor, x, st, cache, cache.rings[layer_id], cache.entries[layer_id], inv, False, sim)
         if attn.kind == CSA:
             ix = attn.indexer
-            new, done = compress_tokens(ix.compressor, x, st.pos, cache.index_rings[layer_id], st.ring_slot, inv)
-            store_entries(cache, cache.index_keys[layer_id], meta.tables, meta.tok_req, st.pos, done & st.live, new, r,
-                          index=True, sim=sim)
+            compress_static(ix.compressor, x, st, cache, cache.index_rings[layer_id], cache.index_keys[layer_id], inv, True, sim)
             qi = qkv_rope_insert_(ix.wq_b(qr).view(N, ix.heads, ix.dim), cos, sin, cfg.rms_norm_eps, q_norm=False)[0]
             if sim: qi = fake_quant_index(qi)
             w = ix.weights_proj(x).float() * ix.heads ** -0.5
@@ -163,8 +213,9 @@ def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView,
         win, wsc = cache.packed(win)
         if entries is not None: entries, esc = cache.packed(entries)
     o = sparse_attention(q, win, attn.attn_sink, meta, cfg.sliding_window, cfg.head_dim ** -0.5, entries, r, idx,
-                         window_scales=wsc, entry_scales=esc, rope_dim=rope if cache.cc.fp8 else 0)
-    return attn.output(o[None], cos[None], sin[None], x.dtype)[0]
+                         window_scales=wsc, entry_scales=esc, rope_dim=rope if cache.cc.fp8 else 0, splits=None)
+    qkv_rope_insert_(o, *st.unrope(attn.kind != SLIDING), cfg.rms_norm_eps, q_norm=False)   # inverse RoPE, in place
+    return attn.project_out(o.to(x.dtype))
 
 # %% ../nbs/26_cuda_graphs.ipynb #48173354
 @dataclass
@@ -203,13 +254,18 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     use: on a GPU the fused kernels of `kernels_hc` (one GEMM + one launch instead of ~140 launches for `hc_pre`).
     The grouped GEMM is sync-free only for bf16 on Hopper-class GPUs (other dtypes fall back to a per-group
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
-    any dtype and cheap for the small expert counts that use it."""
+    any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU activations also get their
+    one-launch kernels (chapter 27), for inference outside batch-invariant mode."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
         if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
     set_moe_impl(model, "grouped" if grouped else "dense")
     if not w.is_cuda: return hc_pre, hc_post, hc_head
+    for m in model.modules():                              # one-launch norms and routers (chapter 27)
+        if isinstance(m, RMSNorm): m.fast = rms_norm_fused
+        if isinstance(m, Gate): m.fast = router_fused
+        if isinstance(m, Expert): m.fast = swiglu_fused
     from dspark.kernels_hc import hc_head_fused, hc_post_fused, hc_pre_fused
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
@@ -339,6 +395,7 @@ class DraftGraphs:
         self.pr, self.K = proposer, proposer.drafter.block_size
         dev = proposer.ctx.pos.device
         self.slots, self.anchors, self.P = (torch.zeros(max_num_seqs, dtype=torch.long, device=dev) for _ in range(3))
+        self.stage = HostStage({"slots": self.slots, "anchors": self.anchors, "P": self.P})
         self.sizes, self.graphs = bucket_sizes(max_num_seqs), {}
         self.replays = 0
         run = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
@@ -364,9 +421,12 @@ class DraftGraphs:
         "Replay for these requests; `(drafts [R, K], confidence logits [R, K], context complete [R])` on the device."
         R = len(slots)
         n = next(s for s in self.sizes if s >= R)
-        pad = [0] * (n - R)
-        for buf, v in ((self.slots, slots), (self.anchors, anchors), (self.P, P)):
-            buf[:n].copy_(torch.tensor(v + pad).pin_memory(), non_blocking=True)
+        self.stage.wait()
+        for name, buf, v in (("slots", self.slots, slots), ("anchors", self.anchors, anchors), ("P", self.P, P)):
+            h = self.stage.np[name]
+            h[:R], h[R:n] = v, 0
+            self.stage.send(buf, name, n)
+        self.stage.sent()
         g, (drafts, conf, complete) = self.graphs[n]
         g.replay()
         self.replays += 1
