@@ -106,7 +106,7 @@ class ModelRunner:
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
         "Returns `{id: (positions computed, committed tokens)}` for requests that reached their last token, and logprobs."
         dev, pr = self.model.embed.weight.device, self.proposer
-        flat = [t for r, n in batch for t in (r.all_ids + r.drafts)[r.num_computed:r.num_computed + n]]
+        flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
         feats: list[torch.Tensor] = []

@@ -62,8 +62,8 @@ class BlockPool:
     def lookup(self, h: int) -> int | None: return self.by_hash.get(h)
 
 # %% ../nbs/09_scheduler.ipynb #03d8ee6e
-@dataclass
-class Request:
+@dataclass(eq=False)   # a request is itself, not its fields: `in`/`remove` on the queues compare identities (value
+class Request:         # equality built tuples of every field on each comparison, O(n²) of them per step at C64)
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
@@ -80,9 +80,19 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     drafts: list[int] = field(default_factory=list)         # proposed tokens to verify in the next step
+    published: int = 0             # leading compressed blocks already offered to the prefix cache
+    released: int = 0              # leading window blocks already released (or never held)
 
     @property
     def all_ids(self) -> list[int]: return self.prompt_ids + self.output_ids
+    def span(self, a: int, b: int) -> list[int]:
+        """Token ids at positions `[a, b)` of prompt + output + drafts, without building the whole sequence (a
+        step touches a few positions of each request; copying its whole context every step is O(context))."""
+        P, O = len(self.prompt_ids), len(self.output_ids)
+        out = self.prompt_ids[a:min(b, P)] if a < P else []
+        if b > P and a < P + O: out += self.output_ids[max(a - P, 0):b - P]
+        if b > P + O: out += self.drafts[max(a - P - O, 0):b - P - O]
+        return out
     @property
     def num_tokens(self) -> int: return len(self.prompt_ids) + len(self.output_ids)
 
@@ -100,10 +110,10 @@ class KVCacheManager:
         self.queries = self.hits = 0
 
     def _hashes(self, req: Request) -> list[int]:
-        bs, ids = self.cc.block_size, req.all_ids
-        while len(req.hashes) < len(ids) // bs:
+        bs = self.cc.block_size
+        while len(req.hashes) < req.num_tokens // bs:             # a new hash once per block, not per step
             i = len(req.hashes)
-            req.hashes.append(block_hash(req.hashes[-1] if req.hashes else None, ids[i * bs:(i + 1) * bs]))
+            req.hashes.append(block_hash(req.hashes[-1] if req.hashes else None, req.span(i * bs, (i + 1) * bs)))
         return req.hashes
 
     def _first_window_block(self, pos: int) -> int:
@@ -148,13 +158,17 @@ class KVCacheManager:
 
     def after_step(self, req: Request) -> None:
         "Publish newly completed full blocks to the prefix cache; release window blocks behind the window."
-        if self.prefix:
+        if self.prefix:                                           # blocks completed since the last step
             hs = self._hashes(req)
-            for i in range(min(req.num_computed // self.cc.block_size, len(hs))):
+            done = min(req.num_computed // self.cc.block_size, len(hs))
+            for i in range(req.published, done):
                 self.comp.cache(req.table[i], hs[i])
                 if req.window_table[i] >= 0: self.window.cache(req.window_table[i], hs[i])
-        for i in range(self._first_window_block(req.num_computed)):
+            req.published = max(req.published, done)
+        end = self._first_window_block(req.num_computed)
+        for i in range(req.released, end):                       # window blocks that fell behind since then
             if req.window_table[i] >= 0: self.window.release(req.window_table[i]); req.window_table[i] = -1
+        req.released = max(req.released, end)
 
     def free(self, req: Request) -> None:
         "Return a request's blocks (tail first, so its prefix is evicted last) and its ring slot."
@@ -163,6 +177,7 @@ class KVCacheManager:
             if b >= 0: self.window.release(b)
         if req.slot >= 0: self.slots.append(req.slot)
         req.table, req.window_table, req.slot, req.num_computed, req.pooled_upto = [], [], -1, 0, 0
+        req.published = req.released = 0
 
     @property
     def usage(self) -> float: return 1 - self.comp.num_free / max(1, len(self.comp.ref))

@@ -170,3 +170,14 @@ def test_a_step_may_hold_more_tokens_than_one_sequence_may(tmp_path):
     llm = dspark.LLM(ck, max_num_seqs=3, max_num_batched_tokens=2048, kv_cache_memory_bytes=64 * 2**20)
     outs = llm.generate(prompts, dspark.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2, 2]
+
+
+def test_request_span_is_a_slice_of_the_whole_sequence():
+    "`Request.span(a, b)` equals `(prompt + output + drafts)[a:b]` for every range, without building the sequence."
+    from dspark.scheduler import Request
+    r = Request("r", [1, 2, 3, 4], SamplingParams(), 0, output_ids=[5, 6], drafts=[7, 8, 9])
+    whole = r.prompt_ids + r.output_ids + r.drafts
+    for a in range(len(whole) + 1):
+        for b in range(a, len(whole) + 2):
+            assert r.span(a, b) == whole[a:b], (a, b)
+    assert Request("s", [1], SamplingParams(), 0) != Request("s", [1], SamplingParams(), 0)   # requests are identities
