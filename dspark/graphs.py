@@ -35,11 +35,10 @@ __all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compres
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
-    """Host mirrors of some device buffers, in pinned memory allocated once. Building a fresh tensor and pinning it
-    for every copy cost more than the copies themselves (a few pinned allocations per step, ~0.4 ms on the H200's
-    host at one request). A stage is refilled only after the copies out of it have run: `wait` checks an event
-    recorded after them, and in the steady state the step's own device-to-host read has already passed it, so
-    the check never blocks."""
+    """Host mirrors of some device buffers, in pinned memory allocated once: filling a step no longer builds and
+    pins a fresh host tensor per buffer (an allocation each, every step). A stage is refilled only after the
+    copies out of it have run: `wait` checks an event recorded after them, and in the steady state the step's own
+    device-to-host read has already passed it, so the check never blocks."""
     def __init__(self, bufs: dict[str, torch.Tensor]):
         pin = any(b.is_cuda for b in bufs.values())
         self.host = {k: torch.empty(b.shape, dtype=b.dtype, pin_memory=pin) for k, b in bufs.items()}
@@ -254,8 +253,8 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     use: on a GPU the fused kernels of `kernels_hc` (one GEMM + one launch instead of ~140 launches for `hc_pre`).
     The grouped GEMM is sync-free only for bf16 on Hopper-class GPUs (other dtypes fall back to a per-group
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
-    any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU activations also get their
-    one-launch kernels (chapter 27), for inference outside batch-invariant mode."""
+    any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU
+    activations also get their one-launch kernels (chapter 27), for inference outside batch-invariant mode."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
         if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)

@@ -24,7 +24,7 @@ __all__ = ['ROUTER_KINDS', 'compress_step_', 'rms_norm_fused', 'router_fused', '
 def _window_rows(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, req_ptr, pos_ptr, t, p, r_t, slot, ch, cmask, s0,
                  s_proj, s_rslot, s_rrow, RATIO: tl.constexpr, R: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                  OVERLAP: tl.constexpr, SPAN: tl.constexpr, BLOCK_S: tl.constexpr):
-    "Values and scores `[BLOCK_S, channels]` of window rows `s0..s0+BLOCK_S` for the channels `ch` (fp32; -inf scores where absent)."
+    "Values and scores `[BLOCK_S, channels]` of window rows `s0..s0+BLOCK_S`, channels `ch`; fp32, -inf scores where absent."
     j = s0 + tl.arange(0, BLOCK_S)
     q = p + 1 - SPAN + j                                          # the positions the window reads
     valid = (j < SPAN) & (q >= 0)
@@ -58,7 +58,8 @@ def _online(kv, sc, m, l, acc):
 def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, req_ptr, pos_ptr, tab_ptr, pool_ptr,
                           w_ptr, inv_ptr, eps, block_size, s_proj, s_rslot, s_rrow, s_tab, s_pblk, s_prow,
                           RATIO: tl.constexpr, R: tl.constexpr, D: tl.constexpr, W: tl.constexpr, SPAN: tl.constexpr,
-                          R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+                          R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     if p >= 0:                                                    # padding rows do nothing
@@ -116,7 +117,8 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
     dim = width // (2 if overlap else 1)
     if N == 0: return
     for name, t in (("kv", kv), ("score", score)):
-        if t.stride(-1) != 1 or t.stride(0) != kv.stride(0): raise ValueError(f"{name} must be row-major like kv [N, width]")
+        if t.stride(-1) != 1 or t.stride(0) != kv.stride(0):
+            raise ValueError(f"{name} must be row-major like kv [N, width]")
     if ring[0].stride() != ring[1].stride() or ring[0].stride(-1) != 1 or {r.dtype for r in ring} != {torch.float32}:
         raise ValueError("the rings must be two fp32 tensors of one layout")
     if pool.stride(-1) != 1 or pool.shape[-1] != dim: raise ValueError(f"pool rows must be {dim} wide and contiguous")
@@ -125,7 +127,8 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
     _compress_step_kernel[(N,)](
         kv, score, ape, ring[0], ring[1], ring_slot, tok_req, tok_pos, tables, pool, norm_weight, inv_freq, eps,
         block_size, kv.stride(0), ring[0].stride(0), ring[0].stride(1), tables.stride(0), pool.stride(0), pool.stride(1),
-        RATIO=ratio, R=ring[0].shape[1], D=dim, W=width, SPAN=span, R2=R2, OVERLAP=overlap, WRITE_RING=write_ring, BLOCK_S=min(triton.next_power_of_2(span), 16),
+        RATIO=ratio, R=ring[0].shape[1], D=dim, W=width, SPAN=span, R2=R2, OVERLAP=overlap, WRITE_RING=write_ring,
+        BLOCK_S=min(triton.next_power_of_2(span), 16),
         BLOCK_H=triton.next_power_of_2(dim // 2), BLOCK_W=triton.next_power_of_2(width), num_warps=4)
 
 # %% ../nbs/27_kernels_step.ipynb #5ef70915
@@ -186,11 +189,14 @@ def _router_kernel(lg_ptr, bias_ptr, hash_ptr, ids_ptr, w_ptr, i_ptr, scale, E: 
 ROUTER_KINDS = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
 
 def router_fused(logits: torch.Tensor, k: int, kind: str, scale: float, bias: torch.Tensor | None = None,
-                 tid2eid: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 tid2eid: torch.Tensor | None = None,
+                 input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`Gate.forward` after its GEMM: fp32 `logits [N, E]` → `(weights [N, k] fp32, expert ids [N, k] int64)`.
     Pass `bias` for top-k routing, or `tid2eid` and `input_ids` for hash routing."""
-    if kind not in ROUTER_KINDS: raise ValueError(f"unknown scoring function {kind!r}; choose one of {sorted(ROUTER_KINDS)}")
-    if (bias is None) == (tid2eid is None): raise ValueError("give exactly one of bias (top-k routing) and tid2eid (hash routing)")
+    if kind not in ROUTER_KINDS:
+        raise ValueError(f"unknown scoring function {kind!r}; choose one of {sorted(ROUTER_KINDS)}")
+    if (bias is None) == (tid2eid is None):
+        raise ValueError("give exactly one of bias (top-k routing) and tid2eid (hash routing)")
     if tid2eid is not None and input_ids is None: raise ValueError("hash-routed MoE layers need the token ids")
     N, E = logits.shape
     logits = logits.float().contiguous()
@@ -218,7 +224,8 @@ def _swiglu_kernel(g_ptr, u_ptr, w_ptr, o_ptr, s_g, s_u, s_o, limit, I, HAS_W: t
 def swiglu_fused(gate: torch.Tensor, up: torch.Tensor, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """`silu(min(gate, limit)) · clamp(up, ±limit) [· weight]` in fp32, returned in `gate`'s dtype: `gate`, `up`
     `[M, I]` (row-strided views, e.g. the two halves of one GEMM's output), `weight` one per row or None."""
-    if gate.shape != up.shape or gate.dim() != 2: raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must be one [M, I] shape")
+    if gate.shape != up.shape or gate.dim() != 2:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must be one [M, I] shape")
     if gate.stride(-1) != 1 or up.stride(-1) != 1: raise ValueError("gate and up need unit stride along I")
     M, I = gate.shape
     if weight is not None and weight.numel() != M: raise ValueError(f"weight has {weight.numel()} entries for {M} rows")
