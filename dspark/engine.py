@@ -101,6 +101,7 @@ class ModelRunner:
         self.q: dict[str, torch.Tensor] = {}          # draft distributions of each request's pending drafts
         self.stats = SpecStats()
         self.observed = False                          # whether this step's forward wrote the drafter's context itself
+        self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
@@ -112,11 +113,15 @@ class ModelRunner:
         feats: list[torch.Tensor] = []
         if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
             for r, _ in batch: pr.claim(r.slot, r.request_id)
+        greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
+        rounds = getattr(self.forward, "rounds", None)             # chapter 28: verify, accept and draft in one graph
+        compact = self.capacity is not None and self.capacity.stats.active      # drafts were pruned: keep them pruned
+        if greedy and rounds is not None and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
+            return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
                               feats if pr and pr.final else None)
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
         decided = {}                                               # id -> (drafts verified, accepted, tokens, logprobs)
-        greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
         if greedy:                                                 # every row's argmax in one device-to-host copy
             top, ends = torch.cat(logits).argmax(-1).tolist(), torch.tensor([n for _, n in batch]).cumsum(0).tolist()
         for i, ((r, n), lg) in enumerate(zip(batch, logits)):
@@ -131,6 +136,25 @@ class ModelRunner:
             lp = (None if r.params.logprobs is None else
                   [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)])
             decided[r.request_id] = (k, a, toks, lp)
+        return self._finish(batch, decided, feats)
+
+    def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor], seqs: list[SeqView]):
+        """A greedy verify step as one fused round (chapter 28): the host re-runs `greedy_verify` on the argmax it
+        reads back and must agree with the device's acceptance, which the graph's drafts were anchored on."""
+        rd = rounds(chunks, seqs)
+        self.observed, decided = True, {}
+        for i, (r, n) in enumerate(batch):
+            a, toks = greedy_verify(r.drafts[:n - 1], rd.top[i])
+            if a != rd.accepted[i]:
+                raise RuntimeError(f"request {r.request_id}: the fused round accepted {rd.accepted[i]} drafts on the "
+                                   f"device but {a} on the host")
+            decided[r.request_id] = (n - 1, a, toks, None)
+        return decided, [], (rd, {r.request_id: i for i, (r, _) in enumerate(batch)})
+
+    def _finish(self, batch: list[tuple[Request, int]], decided: dict, feats: list[torch.Tensor], ready=None):
+        """Record the step's verified rounds and propose the next ones; returns `execute`'s `(outcomes, logprobs)`.
+        `ready`: a fused round's `(Round, batch index by id)`, whose drafts are taken later, by `settle`."""
+        pr = self.proposer
         decided = self.canon(decided, "accepted tokens")           # under TP: rank 0's outcome, on every rank
         out, logprobs, pending, outcomes = {}, {}, [], []
         for i, (r, n) in enumerate(batch):
@@ -143,13 +167,34 @@ class ModelRunner:
             if lp is not None: logprobs[r.request_id] = lp
             if pr: pending.append((r, None if self.observed else feats[i][:known + a], known + a, toks))
         if outcomes: self.capacity.observe_many(outcomes)          # one calibration update for the step
-        if pr: self._propose_all(pending)
+        if pr: self._propose_all(pending, ready)
         if pr and decided:
-            drafts = self.canon({rid: by.drafts for rid, by in ((r.request_id, r) for r, _ in batch) if rid in decided}, "drafts")
-            for r, _ in batch:
-                if r.request_id in drafts: r.drafts = drafts[r.request_id]
-            if self.capacity: self.capacity.apply([r for r, _ in batch if r.request_id in drafts], self)
+            reqs = [r for r, _ in batch if r.request_id in decided]
+            if self.deferred is not None: self.deferred = (*self.deferred, reqs)
+            else: self._adopt(reqs)
         return out, logprobs
+
+    def _adopt(self, reqs: list[Request]) -> None:
+        "The proposals become every rank's drafts (rank 0's under TP); capacity control then cuts them."
+        drafts = self.canon({r.request_id: r.drafts for r in reqs}, "drafts")
+        for r in reqs: r.drafts = drafts[r.request_id]
+        if self.capacity: self.capacity.apply(reqs, self)
+
+    def settle(self) -> None:
+        """Take the drafts of the last fused round. The engine calls it before scheduling the next step: until then
+        the GPU drafts while the host verifies, detokenises and answers (chapter 28). Requests that finished
+        meanwhile are skipped."""
+        if self.deferred is None: return
+        (rd, index), plan, reqs = self.deferred
+        self.deferred = None
+        drafts, complete, conf = rd.drafts()
+        plan = [(r, n) for r, n in plan if r.finish_reason is None]
+        if plan:
+            rows = [index[r.request_id] for r, _ in plan]
+            got = self.proposer.collect([r.request_id for r, _ in plan], [n for _, n in plan], [drafts[i] for i in rows],
+                                        [conf[i] for i in rows], [complete[i] for i in rows])
+            for (r, _), d in zip(plan, got): r.drafts = d
+        self._adopt([r for r in reqs if r.finish_reason is None])
 
     def _positions(self, r: Request, k: int) -> torch.Tensor:
         return torch.arange(r.num_computed, r.num_computed + k, device=self.model.embed.weight.device)
@@ -162,15 +207,16 @@ class ModelRunner:
         if room > 0:
             r.drafts, self.q[r.request_id] = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
 
-    def _propose_all(self, pending: list) -> None:
+    def _propose_all(self, pending: list, ready: dict | None = None) -> None:
         """Propose for every verified request: in one batched drafter forward when the proposer can (DSpark, all
-        requests greedy, at most a ring's width of new positions each), else request by request."""
+        requests greedy, at most a ring's width of new positions each), else request by request. `ready`: the
+        fused round's result, whose drafts at the anchors the host has just accepted `settle` takes later."""
         pr = self.proposer
-        if not (pending and callable(getattr(pr, "propose_greedy", None)) and all(r.params.greedy for r, *_ in pending)
-                and all(m <= pr.ctx.w for _, _, m, _ in pending)):
+        if ready is None and not (pending and callable(getattr(pr, "propose_greedy", None))
+                                  and all(r.params.greedy for r, *_ in pending) and all(m <= pr.ctx.w for _, _, m, _ in pending)):
             for r, f, m, toks in pending: self._propose(r, f, self._positions(r, m), toks)
             return
-        if not self.observed:
+        if not self.observed and pending:
             pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
                             [self._positions(r, m) for r, _, m, _ in pending])
         plan = []
@@ -179,7 +225,9 @@ class ModelRunner:
             room, r.drafts = self._room(r, P, toks), []
             self.q.pop(r.request_id, None)                         # greedy: verification needs no q
             if room > 0: plan.append((r, toks[-1], P, room))
-        if plan:
+        if ready is not None:                                       # a fused round drafted already: `settle` takes them
+            self.deferred = (ready, [(r, n) for r, _, _, n in plan])
+        elif plan:
             anchors, Ps, rooms = map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
             drafts = pr.propose_greedy([r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], anchors, Ps, rooms)
             for (r, *_), d in zip(plan, drafts): r.drafts = d
@@ -385,6 +433,7 @@ class LLM:
 
     def step(self) -> list[RequestDelta]:
         "One engine step: schedule, run, verify, apply. Returns what each request gained (its stream unit)."
+        self.runner.settle()                                   # the last fused round's drafts, before scheduling
         batch = self.scheduler.schedule()
         if not batch: return []
         outcome, logprobs = self.runner.execute(batch)

@@ -254,7 +254,8 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     The grouped GEMM is sync-free only for bf16 on Hopper-class GPUs (other dtypes fall back to a per-group
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
     any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU
-    activations also get their one-launch kernels (chapter 27), for inference outside batch-invariant mode."""
+    activations also get their one-launch kernels (chapter 27), for inference outside batch-invariant mode, and the
+    DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 20)."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
         if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)
@@ -265,6 +266,7 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
+    if hasattr(model, "rope_kernel"): model.rope_kernel = qkv_rope_insert_   # the DSpark drafter's block attention
     from dspark.kernels_hc import hc_head_fused, hc_post_fused, hc_pre_fused
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
@@ -305,6 +307,7 @@ class GraphRunner:
         self.sizes = bucket_sizes(self.max_tokens)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         self.replays = self.eager_steps = 0
+        self.rounds = None               # a `fused_round.RoundGraphs` when a DSpark draft step is captured too
         if capture: self.capture()
 
     @classmethod
@@ -325,10 +328,15 @@ class GraphRunner:
                 runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
                 context=getattr(pr, "write_context", None))
         g.graph_bytes += draft_bytes                       # the draft step's graphs count too
+        if getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 28: verify, accept and draft in one graph
+            from dspark.fused_round import RoundGraphs
+            g.rounds = RoundGraphs(g, pr)
+            g.graph_bytes += g.rounds.graph_bytes
         return g
 
     def summary(self) -> str:
-        return (f"CUDA graphs: {len(self.graphs)} captured (steps of {self.sizes[0]}..{self.sizes[-1]} tokens) in "
+        rounds = f", {len(self.rounds.graphs)} fused DSpark rounds" if self.rounds else ""
+        return (f"CUDA graphs: {len(self.graphs)} captured (steps of {self.sizes[0]}..{self.sizes[-1]} tokens{rounds}) in "
                 f"{self.capture_s:.1f} s; graph memory {self.graph_bytes / 2**20:.0f} MiB")
 
     def _pad_only(self, n: int) -> None:

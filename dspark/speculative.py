@@ -114,10 +114,17 @@ class DSparkProposer:
             t = lambda v: torch.tensor(v, device=dev)
             drafts, conf, complete = self.draft_tensors(t(slots), t(anchors), t(P), max(n))
         out, full = drafts.tolist(), complete.tolist()
+        # one copy for the batch (the drafts' copy already waited); a graph's output is overwritten by its next replay
+        conf = conf.cpu() if self.confidence is not None else [None] * len(rids)
+        return self.collect(rids, n, out, list(conf), full)
+
+    def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
+        """The host's side of greedy proposals (here, or made inside a fused round, chapter 28): request i keeps its
+        first `n[i]` drafts, and capacity control gets their confidence logits (`conf[i]`, on the host) and whether
+        the drafter saw a complete context window."""
         if self.confidence is not None:
-            conf = conf.cpu()        # one copy for the batch (the drafts' copy already waited); a graph's output is overwritten by its next replay
-            for i, rid in enumerate(rids): self.confidence[rid] = (conf[i, :n[i]], full[i])
-        return [d[:k] for d, k in zip(out, n)]
+            for i, rid in enumerate(rids): self.confidence[rid] = (conf[i][:n[i]], complete[i])
+        return [d[:k] for d, k in zip(drafts, n)]
 
 class MTPProposer:
     "MTP drafting for the engine: the MTP window ring, caught up on committed positions, then K steps."

@@ -48,3 +48,23 @@ def test_batched_greedy_drafts_equal_per_request_drafts(tiny_ckpt):
         assert batched[i] == drafts
         assert torch.allclose(conf_b[f"r{s}"], pr.confidence[f"r{s}"][0], atol=1e-5)
         assert torch.equal(q.argmax(-1), torch.tensor(drafts))   # the per-request q is one-hot on the drafts
+
+
+def test_fused_rope_block_attention_equals_the_reference(tiny_ckpt):
+    "The GPU fast path's drafter attention (one norm + RoPE kernel, Triton's interpreter here) against `Attention.qkv`/`output`."
+    from dspark.kernels_fused import qkv_rope_insert_
+    target = dspark.load_target(tiny_ckpt)
+    drafter = load_drafter(tiny_ckpt, target)
+    cfg, R, g = target.cfg, 3, drafter.block_size
+    gen = torch.Generator().manual_seed(2)
+    n = 7
+    rows = torch.randn(R, cfg.num_draft_stages, n, cfg.head_dim, generator=gen)
+    valid = torch.rand(R, n, generator=gen) < 0.7
+    anchors, P = torch.tensor([3, 50, 9]), torch.tensor([7, 30, 200])
+    ref_h = drafter.block_hidden(anchors, P, rows, valid)
+    ref = drafter.propose_greedy(anchors, P, rows, valid, g)
+    drafter.rope_kernel = qkv_rope_insert_
+    h = drafter.block_hidden(anchors, P, rows, valid)
+    fast = drafter.propose_greedy(anchors, P, rows, valid, g)
+    assert torch.allclose(h, ref_h, atol=1e-4, rtol=1e-4)
+    assert torch.equal(fast[0], ref[0]) and torch.allclose(fast[1], ref[1], atol=1e-4)

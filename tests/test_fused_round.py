@@ -1,0 +1,120 @@
+"""The fused DSpark round (chapter 28) on CPU: device-side greedy acceptance against the host's `greedy_verify`, when
+a step may run as a round, and an engine whose verify steps run as rounds (each round graph's "replay" reruns its
+recorded work eagerly, as in test_graph_context) producing the same tokens, acceptance and drafts as the eager
+engine. Capture and replay themselves run on the GPU (.devrun, bench_results/graphs_gpu.json)."""
+import pytest
+import torch
+
+import dspark
+from dspark.engine import greedy_verify
+from dspark.fused_round import RoundGraphs, greedy_accept
+from dspark.graphs import GraphRunner
+from dspark.kv_cache import SeqView
+from dspark.sampling import SamplingParams
+from test_graph_context import emulate_graphs
+
+
+def test_greedy_accept_matches_greedy_verify():
+    g = torch.Generator().manual_seed(1)
+    seen = set()
+    for trial in range(300):
+        counts = torch.randint(0, 6, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g)
+        first = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), counts[:-1] + 1]), 0)
+        N = int((counts + 1).sum()) + 3 * (trial % 2)                     # padding rows at the end, or none
+        top, ids = torch.randint(0, 2, (N,), generator=g), torch.randint(0, 2, (N,), generator=g)
+        a = greedy_accept(top, ids, first, counts, 6)
+        for i, (f, k) in enumerate(zip(first.tolist(), counts.tolist())):
+            want, toks = greedy_verify(ids[f + 1:f + 1 + k].tolist(), top[f:f + k + 1].tolist())
+            assert int(a[i]) == want and toks[-1] == int(top[f + want])
+            seen.add((want == 0, want == k))
+    assert seen == {(True, True), (True, False), (False, True), (False, False)}   # none, some, all accepted
+
+
+class RoundReplay:
+    "A captured round's stand-in: `replay()` reruns the round's work and copies into the first run's outputs."
+    def __init__(self, rounds: RoundGraphs, R: int):
+        self.rounds, self.R = rounds, R
+        rounds._pad_only(R)
+        self.out = rounds.run(R)
+
+    def replay(self) -> None:
+        new = self.rounds.run(self.R)
+        for name in ("verified", "drafted", "conf"): getattr(self.out, name).copy_(getattr(new, name))
+
+
+def emulate_rounds(llm) -> RoundGraphs:
+    g = emulate_graphs(llm, llm.runner.cache.cc.max_seqs)
+    rounds = RoundGraphs(g, llm.runner.proposer, capture=False)
+    for R in rounds.sizes:
+        stand_in = RoundReplay(rounds, R)
+        rounds.graphs[R] = (stand_in, stand_in.out)
+    g.rounds = rounds
+    return rounds
+
+
+@pytest.fixture
+def reference_kernels(monkeypatch):
+    "The attention kernels' torch references (as in test_graph_context): the round's plumbing is under test."
+    import dspark.graphs as G
+    from dspark.kernels_attention import indexer_topk_ref, sparse_attention_ref
+    from dspark.kernels_fused import qkv_rope_insert_ref
+    def rope_insert_(q, *a, **k):
+        out = qkv_rope_insert_ref(q, *a, **k); q.copy_(out[0]); return out
+    monkeypatch.setattr(G, "sparse_attention", sparse_attention_ref)
+    monkeypatch.setattr(G, "indexer_topk", indexer_topk_ref)
+    monkeypatch.setattr(G, "qkv_rope_insert_", rope_insert_)
+
+
+def test_fused_rounds_match_the_eager_engine(reference_kernels):
+    """The trained default model, whose drafter gets drafts accepted: rounds end with none, some and all accepted.
+    γ = 3 of the drafter's 5: a round's drafts are cut to the engine's depth (and to what max_tokens leaves)."""
+    from dspark.capacity_control import sweep_prompts
+    from dspark.checkpoint import DEFAULT_MODEL
+    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 3, 40), (40, 23, 31))]   # held-out Python source
+    sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (22, 9, 17)]   # rooms shrink at the end
+    outs, stats, drafts = [], [], []
+    for fused in (False, True):
+        llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=3, max_model_len=128,
+                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+        if fused: rounds = emulate_rounds(llm)
+        seen, schedule = [], llm.scheduler.schedule
+        def spy(schedule=schedule, seen=seen):                 # the drafts each step verifies (a round's are taken late)
+            batch = schedule()
+            seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        llm.scheduler.schedule = spy
+        o = llm.generate(prompts, sp, use_tqdm=False)
+        outs.append([x.outputs[0].token_ids for x in o]); stats.append(llm.runner.stats); drafts.append(seen)
+    assert rounds.replays > 3 and llm.graphs.eager_steps >= 1                 # prefills ran eagerly, rounds the rest
+    assert outs[0] == outs[1] and [len(t) for t in outs[1]] == [22, 9, 17]
+    s = stats[1]
+    assert stats[0] == s and 0 < s.num_accepted_tokens < s.num_draft_tokens and s.accepted_per_position[-1] > 0
+    assert drafts[0] == drafts[1]                                              # the same drafts after every step
+    # a request aborted while its round's drafts are still on the GPU: the others are unaffected
+    ids = [llm.add_request(p, q, request_id=f"again-{i}") for i, (p, q) in enumerate(zip(prompts, sp))]
+    for _ in range(3): llm.step()
+    assert llm.runner.deferred is not None and llm.abort_request(ids[1])
+    while llm.has_unfinished_requests(): llm.step()
+    assert [llm.pop_output(ids[i]).outputs[0].token_ids for i in (0, 2)] == [outs[0][0], outs[0][2]]
+
+
+def test_when_a_step_runs_as_a_round(tiny_ckpt):
+    llm = dspark.LLM(tiny_ckpt, speculative="dspark", max_num_seqs=4, max_model_len=96, kv_cache_memory_bytes=16 * 2**20)
+    r, pr = llm.runner, llm.runner.proposer
+    g = GraphRunner(r.model, r.cache, r.forward, 4, r.cache.cc.lookahead, r.max_model_len, taps=pr.taps, capture=False,
+                    context=pr.write_context)
+    rounds = RoundGraphs(g, pr, capture=False)
+    g.graphs = {n: None for n in g.sizes}                                     # pretend captured: only the rule is under test
+    rounds.graphs = {R: None for R in rounds.sizes}
+    w = rounds.width
+    view = lambda start: SeqView([0, 1], [0, 1], 0, start)      # 64-token blocks: two cover max_model_len
+    c = lambda n: torch.zeros(n, dtype=torch.long)
+    assert rounds.fits([c(w)], [view(10)], [1])                               # anchor + γ drafts
+    assert rounds.fits([c(w), c(w), c(3)], [view(10)] * 3, [1, 1, 1])         # ragged drafts: a 4-request round
+    assert not rounds.fits([c(w)], [view(10)], [2])                           # two uncomputed committed tokens
+    assert not rounds.fits([c(w + 1)], [view(10)], [1])                       # more rows than a round holds
+    assert rounds.fits([c(2)] * 3, [view(10)] * 3, [1] * 3)                   # short of drafts (max_tokens): fixed K
+    assert not rounds.fits([c(2)] * 3, [view(10)] * 3, [1] * 3, compact=True) # pruned: 4·(γ+1) rows > the 8-token graph
+    assert not rounds.fits([c(w), c(w), c(3)], [view(10)] * 3, [1] * 3, compact=True)  # 15 tokens: the 16-token graph
+    assert rounds.fits([c(w)] * 3 + [c(3)], [view(10)] * 4, [1] * 4, compact=True)     # 21 tokens: 24 either way
+    with dspark.batch_invariant():
+        assert not rounds.fits([c(w)], [view(10)], [1])
