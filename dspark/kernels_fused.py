@@ -21,7 +21,7 @@ from .quant import fake_quant_index, fake_quant_kv
 from .layers import apply_rope, rms_norm, rope_cos_sin
 
 # %% auto #0
-__all__ = ['qkv_rope_insert_', 'qkv_rope_insert_ref', 'attend_batch', 'forward_batched']
+__all__ = ['qkv_rope_insert_', 'qkv_rope_insert_ref', 'step_slots', 'attend_batch', 'forward_batched']
 
 # %% ../nbs/20_kernels_fused.ipynb #60fddbcc
 @triton.jit
@@ -106,8 +106,31 @@ def qkv_rope_insert_ref(q, cos, sin, eps, kv=None, kv_weight=None, window_cache=
     return q, kv
 
 # %% ../nbs/20_kernels_fused.ipynb #c07555a1
-def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache) -> torch.Tensor:
-    "Layer `layer_id` attention for a ragged batch `x [N, D]` (tokens in `meta` order), reading and extending `cache`."
+def _compress_per_request(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache, inv: torch.Tensor, sim: bool) -> None:
+    "The compressors request by request, with the reference code (FP8 or simulated entries, resumed prefixes)."
+    r, a = attn.compressor.ratio, 0
+    for s, n in zip(seqs, meta.lens):
+        xs, a = x[None, a:a + n], a + n
+        _store(cache, cache.entries[layer_id], s.table,
+               *_compress_chunk(attn.compressor, xs, s.start, cache.rings[layer_id], s.slot, inv, s.pooled_upto), r, sim=sim)
+        if attn.kind == CSA:
+            _store(cache, cache.index_keys[layer_id], s.table, *_compress_chunk(
+                attn.indexer.compressor, xs, s.start, cache.index_rings[layer_id], s.slot, inv, s.pooled_upto),
+                r, index=True, sim=sim)
+
+def step_slots(seqs, meta: BatchMeta, scratch_slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "Per token: its request's ring slot (the scratch slot for padding) and its request's last position in the step."
+    pad = len(meta.tok_pos) - sum(meta.lens)
+    slots = [s.slot for s, n in zip(seqs, meta.lens) for _ in range(n)] + [scratch_slot] * pad
+    last = [s.start + n - 1 for s, n in zip(seqs, meta.lens) for _ in range(n)] + [-1] * pad
+    t = lambda v: torch.tensor(v, dtype=torch.long, device=meta.tok_pos.device)
+    return t(slots), t(last)
+
+#| export
+def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache,
+                 slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Layer `layer_id` attention for a ragged batch `x [N, D]` (tokens in `meta` order), reading and extending `cache`.
+    `slots`: `step_slots` of the step, when the caller computed them once for every layer."""
     cfg, N = attn.cfg, x.shape[0]
     inv = attn.inv_freq.to(x.device)
     cos, sin = rope_cos_sin(inv, meta.tok_pos.clamp(min=0))
@@ -121,16 +144,17 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
                     fake_quant_kv(kv[keep], rope))
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
-        r, a = attn.compressor.ratio, 0
-        for s, n in zip(seqs, meta.lens):    # the compressors: reference code, per request
-            xs, a = x[None, a:a + n], a + n
-            _store(cache, cache.entries[layer_id], s.table,
-                   *_compress_chunk(attn.compressor, xs, s.start, cache.rings[layer_id], s.slot, inv, s.pooled_upto),
-                   r, sim=sim)
-            if attn.kind == CSA:
-                _store(cache, cache.index_keys[layer_id], s.table, *_compress_chunk(
-                    attn.indexer.compressor, xs, s.start, cache.index_rings[layer_id], s.slot, inv, s.pooled_upto),
-                    r, index=True, sim=sim)
+        r = attn.compressor.ratio
+        if sim or any(s.pooled_upto > s.start for s in seqs):   # quantised entries, or a cached prefix still pooling
+            _compress_per_request(attn, layer_id, x, seqs, meta, cache, inv, sim)
+        else:                                                # every request at once (chapter 27's kernel)
+            from dspark.kernels_step import compress_chunks_
+            ring_slot, last = slots or step_slots(seqs, meta, cache.scratch_slot)
+            comps = [(attn.compressor, cache.rings, cache.entries)]
+            if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys))
+            for comp, rings, pools in comps:
+                compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, ring_slot, last, meta.tables, rings[layer_id],
+                                 pools[layer_id], inv, meta.block_size, cache.scratch_slot)
         entries = cache.entries[layer_id]
         if attn.kind == CSA:
             ix = attn.indexer
@@ -153,5 +177,6 @@ def forward_batched(model, cache, chunks: list[torch.Tensor], seqs, taps: tuple[
     "`forward_cached` (and its keywords, e.g. `mhc`) with every layer's attention run by `attend_batch` over the whole step (Triton kernels)."
     dev = model.embed.weight.device
     meta = batch_meta(seqs, [len(c) for c in chunks], cache.cc.block_size, device=dev)
-    attend = lambda attn, layer_id, x: attend_batch(attn, layer_id, x, seqs, meta, cache)
+    slots = step_slots(seqs, meta, cache.scratch_slot)
+    attend = lambda attn, layer_id, x: attend_batch(attn, layer_id, x, seqs, meta, cache, slots)
     return forward_cached(model, cache, chunks, seqs, taps, features, finals, attend=attend, **kw)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 # %% auto #0
-__all__ = ['ROUTER_KINDS', 'compress_step_', 'rms_norm_fused', 'router_fused', 'swiglu_fused']
+__all__ = ['ROUTER_KINDS', 'compress_step_', 'compress_chunks_', 'rms_norm_fused', 'router_fused', 'swiglu_fused']
 
 # %% ../nbs/27_kernels_step.ipynb #318bf8ad
 @triton.jit
@@ -130,6 +130,24 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
         RATIO=ratio, R=ring[0].shape[1], D=dim, W=width, SPAN=span, R2=R2, OVERLAP=overlap, WRITE_RING=write_ring,
         BLOCK_S=min(triton.next_power_of_2(span), 16),
         BLOCK_H=triton.next_power_of_2(dim // 2), BLOCK_W=triton.next_power_of_2(width), num_warps=4)
+
+# %% ../nbs/27_kernels_step.ipynb #f56ac6a6
+def compress_chunks_(comp, x: torch.Tensor, tok_req: torch.Tensor, tok_pos: torch.Tensor, ring_slot: torch.Tensor,
+                     last: torch.Tensor, tables: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor], pool: torch.Tensor,
+                     inv_freq: torch.Tensor, block_size: int, scratch_slot: int) -> None:
+    """One compressor's update for a ragged step of any chunk lengths: `x [N, D]` the step's hidden states,
+    `tok_req`, `tok_pos`, `ring_slot` per token (position −1: padding), `last [N]` the last position of each
+    token's request in this step. Entries of completed windows go to `pool`; the ring keeps each request's
+    last `R` positions (other rows are aimed at `scratch_slot`'s ring). No host synchronisation."""
+    kv, score = comp.wkv(x), comp.wgate(x)
+    compress_step_(kv, score, comp.ape, ring, ring_slot, tok_req, tok_pos, tables, pool, comp.norm.weight, inv_freq,
+                   comp.ratio, comp.overlap, block_size, comp.norm.eps, write_ring=False)
+    R, p = ring[0].shape[1], tok_pos.long()
+    keep = (p >= 0) & (p > last - R)
+    slot = torch.where(keep, ring_slot, scratch_slot)
+    row = torch.where(keep, p % R, 0)
+    ring[0][slot, row] = kv.float()
+    ring[1][slot, row] = score.float() + comp.ape.float()[p.clamp(min=0) % comp.ratio]
 
 # %% ../nbs/27_kernels_step.ipynb #5ef70915
 @triton.jit

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from dspark.attention import Compressor
 from dspark.config import preset
 from dspark.graphs import compress_tokens, store_entries
-from dspark.kernels_step import compress_step_, rms_norm_fused, router_fused, swiglu_fused
+from dspark.kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from dspark.kv_cache import ring_size
 from dspark.layers import Gate, RMSNorm, rope_inv_freq
 
@@ -77,6 +77,47 @@ def test_compress_step_matches_reference(ratio, overlap):
             torch.testing.assert_close(b[:slots], a[:slots], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(pools[1][:nb], pools[0][:nb], rtol=2e-5, atol=2e-5)
     assert pools[1][:nb].abs().sum() > 0 and not pools[1][nb].any()   # entries were written; padding wrote nothing
+
+
+@pytest.mark.parametrize("ratio,overlap", [(4, True), (8, False)])
+def test_compress_chunks_matches_per_request_reference(ratio, overlap):
+    """Eager steps with chunks longer than the ring (prefill): `compress_chunks_` over the whole ragged step against
+    the reference `_compress_chunk` request by request — entries and the rings each step leaves behind."""
+    from dspark.kv_cache import _compress_chunk
+    torch.manual_seed(1)
+    cfg = preset("tiny")
+    dim, bs, lookahead = 32, 16, 5
+    comp = Compressor(cfg, ratio, dim, overlap).to(DEV)
+    with torch.no_grad():
+        comp.ape.normal_(); comp.norm.weight.uniform_(0.5, 1.5)
+    inv = rope_inv_freq(cfg, True).to(DEV)[: 4]
+    R, W = ring_size(ratio, overlap, lookahead), comp.wkv.out_features
+    slots, C = 3, 8
+    tables = torch.arange(slots * C, dtype=torch.int32, device=DEV).view(slots, C)
+    nb = slots * C
+    rings = [tuple(torch.zeros(slots + 1, R, W, device=DEV) for _ in range(2)) for _ in range(2)]
+    pools = [torch.zeros(nb + 1, bs // ratio, dim, device=DEV) for _ in range(2)]
+    starts = [0, 0, 0]
+    for lens in ([23, 9, 40], [1, 30, 5], [2 * R + 3, 1, 6]):
+        assert max(lens) > R                                          # some chunk wraps the ring
+        req, pos, ring_slot = _step(lens, starts, [0, 1, 2])
+        ring_slot[-2:] = slots                                        # padding: the scratch ring
+        last = torch.tensor([s + n - 1 for s, n in zip(starts, lens) for _ in range(n)] + [-1, -1], device=DEV)
+        x = torch.randn(len(req), cfg.hidden_size, device=DEV)
+        with torch.no_grad():
+            a = 0
+            for i, (s0, n) in enumerate(zip(starts, lens)):
+                first, new = _compress_chunk(comp, x[None, a:a + n], s0, rings[0], i, inv)
+                a += n
+                if new is None: continue
+                e = torch.arange(first, first + new.shape[1], device=DEV) * ratio
+                pools[0][tables[i, e // bs].long(), (e % bs) // ratio] = new[0]
+            compress_chunks_(comp, x, req, pos, ring_slot, last, tables, rings[1], pools[1], inv, bs, slots)
+        starts = [s + n for s, n in zip(starts, lens)]
+        for r0, r1 in zip(rings[0], rings[1]):
+            torch.testing.assert_close(r1[:slots], r0[:slots], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pools[1][:nb], pools[0][:nb], rtol=2e-5, atol=2e-5)
+    assert pools[1][:nb].abs().sum() > 0
 
 
 def test_compress_step_rejects_bad_layouts():
