@@ -52,15 +52,16 @@ def test_batched_greedy_drafts_equal_per_request_drafts(tiny_ckpt):
 
 def test_fused_rope_block_attention_equals_the_reference(tiny_ckpt):
     "The GPU fast path's drafter attention (one norm + RoPE kernel, Triton's interpreter here) against `Attention.qkv`/`output`."
-    from dspark.kernels_fused import qkv_rope_insert_
-    target = dspark.load_target(tiny_ckpt)
+    from dspark.kernels_fused import qkv_rope_insert_          # compiled on a GPU machine: the test runs there on the GPU
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    target = dspark.load_target(tiny_ckpt, device=dev)
     drafter = load_drafter(tiny_ckpt, target)
     cfg, R, g = target.cfg, 3, drafter.block_size
     gen = torch.Generator().manual_seed(2)
     n = 7
-    rows = torch.randn(R, cfg.num_draft_stages, n, cfg.head_dim, generator=gen)
-    valid = torch.rand(R, n, generator=gen) < 0.7
-    anchors, P = torch.tensor([3, 50, 9]), torch.tensor([7, 30, 200])
+    rows = torch.randn(R, cfg.num_draft_stages, n, cfg.head_dim, generator=gen).to(dev)
+    valid = (torch.rand(R, n, generator=gen) < 0.7).to(dev)
+    anchors, P = torch.tensor([3, 50, 9], device=dev), torch.tensor([7, 30, 200], device=dev)
     ref_h = drafter.block_hidden(anchors, P, rows, valid)
     ref = drafter.propose_greedy(anchors, P, rows, valid, g)
     drafter.rope_kernel = qkv_rope_insert_
