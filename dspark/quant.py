@@ -18,6 +18,14 @@ __all__ = ['FP8_MAX', 'FP4_MAX', 'FP4_VALUES', 'KV_BLOCK', 'INDEX_BLOCK', 'e8m0_
 # %% ../nbs/04_quant.ipynb #d3d7fcdb
 FP8_MAX, FP4_MAX = 448.0, 6.0
 FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_ON_DEVICE: dict = {}
+
+def _on(name: str, t: torch.Tensor, device) -> torch.Tensor:
+    """A module constant on `device`, copied there once and kept: a host-to-device copy on every call would cost a
+    copy per step, and inside a CUDA-graph capture (the QAT simulation runs in captured steps) it is an error."""
+    key = (name, str(device))
+    if key not in _ON_DEVICE: _ON_DEVICE[key] = t.to(device)
+    return _ON_DEVICE[key]
 
 def _pow2_scale(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
     "Smallest power of two `s` with `amax / s <= fmt_max` (1 for all-zero blocks), as an E8M0 exponent."
@@ -60,7 +68,7 @@ def quantize_fp4(w: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.
     b = w.float().view(O, I // block, block)
     e = _pow2_scale(b.abs().amax(-1), FP4_MAX)
     x = (b / torch.exp2(e.float() - 127)[..., None]).view(O, I)
-    code = (x.abs().unsqueeze(-1) - FP4_VALUES).abs().argmin(-1)          # nearest magnitude (ties: smaller)
+    code = (x.abs().unsqueeze(-1) - _on("fp4", FP4_VALUES, x.device)).abs().argmin(-1)   # nearest magnitude (ties: smaller)
     code = code | ((x < 0) & (code > 0)).to(torch.long) << 3                # sign bit; -0 stored as +0
     packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
     return packed, _float_to_e8m0(e)
@@ -69,7 +77,7 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -
     "Packed int8 `[O, I/2]` + E8M0 `[O, I/32]` -> fp32 `[O, I]` (low nibble = even element)."
     u = packed.view(torch.uint8).to(torch.long)
     codes = torch.stack((u & 0xF, u >> 4), dim=-1).flatten(-2)
-    vals = FP4_VALUES[codes & 7] * (1 - 2 * (codes >> 3)).float()
+    vals = _on("fp4", FP4_VALUES, u.device)[codes & 7] * (1 - 2 * (codes >> 3)).float()
     return vals * e8m0_to_float(scale).repeat_interleave(block, -1)
 
 # %% ../nbs/04_quant.ipynb #444144e7
@@ -120,7 +128,7 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
         h = torch.ones(1, 1)
         while h.shape[0] < n: h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
         _HADAMARD[n] = h * n ** -0.5
-    return x.float() @ _HADAMARD[n].to(x.device)
+    return x.float() @ _on(f"hadamard{n}", _HADAMARD[n], x.device)
 
 def quantize_index_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "`x [..., n]` -> (uint8 packed FP4 `[..., n/2]`, uint8 UE8M0 scales `[..., n/32]`): the MXFP4 indexer key."

@@ -121,15 +121,21 @@ def test_qkv_rope_insert_matches_reference():
     assert int((cache != 0).any(-1).sum()) == 4
 
 
+def _on_dev(model):
+    "The shared CPU fixture, or a copy of it on the GPU (where Triton is compiled for CUDA tensors)."
+    return model if DEV == "cpu" else copy.deepcopy(model).to(DEV)
+
+
 def test_attend_batch_matches_attend_cached(tiny_model):
+    tiny_model = _on_dev(tiny_model)
     cfg, g = tiny_model.cfg, torch.Generator().manual_seed(0)
-    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=3, lookahead=8))
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=3, lookahead=8), device=DEV)
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
-    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in (30, 84, 8)]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).to(DEV) for n in (30, 84, 8)]
     forward_cached(tiny_model, cache, prompts, [SeqView(t, t, i, 0) for i, t in enumerate(tables)])
     step = [SeqView(t, t, i, len(p)) for i, (t, p) in enumerate(zip(tables, prompts))]
-    meta = batch_meta(step, [1, 4, 9], 16, pad_to=16)                 # decode, verify, prefill chunk, 2 padding
-    x = torch.randn(16, cfg.hidden_size, generator=g)
+    meta = batch_meta(step, [1, 4, 9], 16, pad_to=16, device=DEV)                 # decode, verify, prefill chunk, 2 padding
+    x = torch.randn(16, cfg.hidden_size, generator=g).to(DEV)
     with torch.no_grad():
         for layer in (1, 2, 3):                                       # sliding, CSA (22 entries > top-16), HCA
             attn = tiny_model.layers[layer].attn
@@ -187,14 +193,15 @@ def test_indexer_reads_mxfp4_keys():
 
 def test_attend_batch_on_an_fp8_cache(tiny_model):
     "The batched layer on an FP8 cache (kernel-decoded rows and keys) against `attend_cached` on a copy of it."
+    tiny_model = _on_dev(tiny_model)
     cfg, g = tiny_model.cfg, torch.Generator().manual_seed(0)
-    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=3, lookahead=8, fp8=True))
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=3, lookahead=8, fp8=True), device=DEV)
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
-    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in (30, 84, 8)]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).to(DEV) for n in (30, 84, 8)]
     forward_cached(tiny_model, cache, prompts, [SeqView(t, t, i, 0) for i, t in enumerate(tables)])
     step = [SeqView(t, t, i, len(p)) for i, (t, p) in enumerate(zip(tables, prompts))]
-    meta = batch_meta(step, [1, 4, 9], 16, pad_to=16)
-    x = torch.randn(16, cfg.hidden_size, generator=g)
+    meta = batch_meta(step, [1, 4, 9], 16, pad_to=16, device=DEV)
+    x = torch.randn(16, cfg.hidden_size, generator=g).to(DEV)
     with torch.no_grad():
         for layer in (1, 2, 3):
             attn = tiny_model.layers[layer].attn
@@ -217,7 +224,7 @@ def test_llm_on_the_batched_triton_forward_matches_the_reference(tmp_path):
     prompts = [torch.randint(2, 512, (n,), generator=g).tolist() for n in (5, 12, 30)]
     sp = dspark.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     kw = dict(speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, kv_cache_memory_bytes=16 * 2**20,
-              max_num_batched_tokens=64)
+              max_num_batched_tokens=64, device=DEV)                # on a GPU: CUDA graphs and fused rounds too
     runs = {}
     for backend in ("reference", "triton"):
         llm = dspark.LLM(ck, attention_backend=backend, **kw)
