@@ -1,4 +1,4 @@
-"""One CUDA graph per greedy DSpark round: the target verifies every request's `[anchor, drafts…]`, the graph compares the target's choices with the drafts on the device, and the drafter proposes the next block at the new anchor — all before the host looks. A round costs one host-to-device copy, one replay and one device-to-host read instead of two of each.
+"""One CUDA graph per greedy DSpark round: the target verifies every request's `[anchor, drafts…]`, the graph compares the target's choices with the drafts on the device, and the drafter proposes the next block at the new anchor — all before the host looks. A round is one replay and one wait (for the verification; the drafts are taken a step later, while the host's bookkeeping overlaps the draft step) instead of two of each.
 
 Docs: https://dspark-dev.github.io/dspark/fused_round.html.md"""
 
