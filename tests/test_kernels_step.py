@@ -40,19 +40,24 @@ def _step(lens, starts, slots):
     return t(req).int(), t(pos).int(), t(ring).long()
 
 
+def _compressor(ratio, overlap, seed):
+    "A `tiny`-config compressor (dim 32, random `ape` and norm weight), its 8-channel RoPE table, ring rows and width."
+    torch.manual_seed(seed)
+    cfg = preset("tiny")
+    comp = Compressor(cfg, ratio, 32, overlap).to(DEV)
+    with torch.no_grad():
+        comp.ape.normal_(); comp.norm.weight.uniform_(0.5, 1.5)
+    inv = rope_inv_freq(cfg, True).to(DEV)[: 4]                     # 8 rotary channels
+    return cfg, comp, inv, ring_size(ratio, overlap, 5), comp.wkv.out_features
+
+
 @pytest.mark.parametrize("ratio,overlap", [(4, True), (8, False)])
 def test_compress_step_matches_reference(ratio, overlap):
     """Several steps of a ragged batch (single tokens, verify-like runs of 3 and 5, a run that crosses two window
     ends): rings and pooled entries equal the reference's, including entries whose window mixes rows of this step
     (read from the projections) with rows of earlier steps (read from the ring)."""
-    torch.manual_seed(0)
-    cfg = preset("tiny")
-    dim, bs, lookahead = 32, 16, 5
-    comp = Compressor(cfg, ratio, dim, overlap).to(DEV)
-    with torch.no_grad():
-        comp.ape.normal_(); comp.norm.weight.uniform_(0.5, 1.5)
-    inv = rope_inv_freq(cfg, True).to(DEV)[: 4]                     # 8 rotary channels
-    R, W = ring_size(ratio, overlap, lookahead), comp.wkv.out_features
+    cfg, comp, inv, R, W = _compressor(ratio, overlap, seed=0)
+    dim, bs = 32, 16
     slots, nb = 3, 12
     tables = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], dtype=torch.int32, device=DEV)
     rings = [tuple(torch.zeros(slots + 1, R, W, device=DEV) for _ in range(2)) for _ in range(2)]
@@ -84,14 +89,8 @@ def test_compress_chunks_matches_per_request_reference(ratio, overlap):
     """Eager steps with chunks longer than the ring (prefill): `compress_chunks_` over the whole ragged step against
     the reference `_compress_chunk` request by request — entries and the rings each step leaves behind."""
     from dspark.kv_cache import _compress_chunk
-    torch.manual_seed(1)
-    cfg = preset("tiny")
-    dim, bs, lookahead = 32, 16, 5
-    comp = Compressor(cfg, ratio, dim, overlap).to(DEV)
-    with torch.no_grad():
-        comp.ape.normal_(); comp.norm.weight.uniform_(0.5, 1.5)
-    inv = rope_inv_freq(cfg, True).to(DEV)[: 4]
-    R, W = ring_size(ratio, overlap, lookahead), comp.wkv.out_features
+    cfg, comp, inv, R, W = _compressor(ratio, overlap, seed=1)
+    dim, bs = 32, 16
     slots, C = 3, 8
     tables = torch.arange(slots * C, dtype=torch.int32, device=DEV).view(slots, C)
     nb = slots * C
