@@ -126,7 +126,6 @@ def step_slots(seqs, meta: BatchMeta, scratch_slot: int) -> tuple[torch.Tensor, 
     t = lambda v: torch.tensor(v, dtype=torch.long, device=meta.tok_pos.device)
     return t(slots), t(last)
 
-#| export
 def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache,
                  slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Layer `layer_id` attention for a ragged batch `x [N, D]` (tokens in `meta` order), reading and extending `cache`.
