@@ -63,8 +63,10 @@ def prefill_flops(cfg: ModelConfig, L: int) -> float:
 
 # %% ../nbs/24_bench.ipynb #e89c2e28
 def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, max_tokens: int, device: str,
-               dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False) -> dict:
-    "Throughput, decode step time and acceptance of `len(prompts)` concurrent greedy requests."
+               dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False,
+               temperature: float = 0.0) -> dict:
+    """Throughput, decode step time and acceptance of `len(prompts)` concurrent requests: greedy, or sampled at
+    `temperature` (request `i` seeded with `i`, so a run is reproducible)."""
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
               enforce_eager=eager,
               max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 2 * len(prompts) * 8),
@@ -72,11 +74,11 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
               # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
               # would make every step score 256K columns)
               kv_cache_memory_bytes=kv_bytes)
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     before = llm.spec_stats()
     _sync(device); t0 = time.perf_counter()
-    ids = [llm.add_request(p, sp) for p in prompts]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, sps)]
     steps = []
     while llm.has_unfinished_requests():
         s0 = time.perf_counter()
@@ -93,6 +95,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
     return {"mode": mode or "none", "k": k, "concurrency": len(prompts), "dtype": dtype, "backend": backend,
+            "temperature": temperature,
             "cuda_graphs": not eager and str(device).startswith("cuda"),
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
             "per_user_tok_s": round(n_tok / wall / len(prompts), 2), "steps": len(steps),
@@ -153,7 +156,8 @@ def machine() -> dict:
 def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64), max_tokens: int = 128,
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
-              prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False) -> dict:
+              prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False,
+              temperature: float = 0.0) -> dict:
     "The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids."
     cfg = load_config(Path(path) / "config.json")
     k = {"mtp": 1, "dspark": cfg.dspark_block_size} | (k or {})
@@ -162,12 +166,13 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
     pool = [pool[i % len(pool)] for i in range(max(concurrencies))]
     rec = {"machine": machine(), "model": str(path), "config": {"hidden_size": cfg.hidden_size,
            "layers": cfg.num_hidden_layers, "params": count_params(cfg)}, "device": device, "dtype": dtype,
-           "max_tokens": max_tokens, "prompt_len": len(pool[0]), "decode": [], "baseline": [], "prefill": []}
+           "max_tokens": max_tokens, "prompt_len": len(pool[0]), "temperature": temperature, "decode": [], "baseline": [],
+           "prefill": []}
     for c in concurrencies:
         for m in modes:
             where = mtp_path if (m == "mtp" and mtp_path) else path
             rec["decode"].append(decode_run(where, pool[:c], None if m == "none" else m, k.get(m), max_tokens,
-                                            device, dtype, backend, kv_bytes, eager))
+                                            device, dtype, backend, kv_bytes, eager, temperature))
     for c in hf_concurrencies:
         base = hf_decode_run(path, pool[:c], max_tokens, device)
         ours = decode_run(path, pool[:c], None, None, max_tokens, device, "float32", backend, kv_bytes, eager)
@@ -190,7 +195,8 @@ def format_table(rec: dict) -> str:
     modes = list(dict.fromkeys(r["mode"] for r in rec["decode"]))
     conc = sorted({r["concurrency"] for r in rec["decode"]})
     get = {(r["mode"], r["concurrency"]): r for r in rec["decode"]}
-    lines = [f"decode tok/s ({rec['dtype']}, {rec['max_tokens']} tokens after a {rec['prompt_len']}-token prompt; "
+    how = "greedy" if not rec.get("temperature") else f"sampled at T={rec['temperature']}"
+    lines = [f"decode tok/s ({rec['dtype']}, {how}, {rec['max_tokens']} tokens after a {rec['prompt_len']}-token prompt; "
              "acceptance length in brackets; step ms = median decode step)",
              "  C | " + " | ".join(f"{m:>22}" for m in modes)]
     for c in conc:
@@ -235,10 +241,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "triton"])
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="DSpark K (default: the block size)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager step, for comparison)")
+    p.add_argument("--temperature", type=float, default=0.0, help="decode sweep: 0 = greedy, else sampled (seeded)")
     p.add_argument("--out", default=None, help="write the JSON record here")
     a = p.parse_args(argv)
     if any(c < 1 for c in a.concurrency): p.error("--concurrency values must be >= 1")
     if a.max_tokens < 1: p.error("--max-tokens must be >= 1")
+    if a.temperature < 0: p.error("--temperature must be >= 0")
     a.dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     return a
 
@@ -258,7 +266,7 @@ def main(argv=None) -> dict:
         if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency), a.prompt_len)
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
-                    prompts, mtp_path, eager=a.enforce_eager)
+                    prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature)
     print(format_table(rec))
     if a.out: Path(a.out).write_text(json.dumps(rec, indent=1))
     return rec

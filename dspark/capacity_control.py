@@ -258,7 +258,6 @@ class CapacityController:
         for i, r in enumerate(reqs):
             l = lengths[r.request_id]
             r.drafts = r.drafts[:l]
-            if r.request_id in runner.q: runner.q[r.request_id] = runner.q[r.request_id][:l]
             if self.sts and l and found[r.request_id][1]: self.staged[r.request_id] = vals[i][:n[i]]
         self._count(n, [lengths[r.request_id] for r in reqs])
         if self.depth_ctl: self.depth_ctl.update([lengths[r.request_id] for r in reqs])

@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .layers import RMSNorm, hc_head, hc_post, hc_pre, rope_cos_sin
 from .model import Block, Transformer
 from .quant import FP8_MAX
-from .sampling import SamplingParams, draft_sample
+from .sampling import STREAMS, RowParams, SamplingParams, draw_keyed, row_probs
 
 # %% auto #0
 __all__ = ['DRAFT_KEY_ALIASES', 'MarkovHead', 'ConfidenceHead', 'DSparkStage', 'markov_prev', 'survival', 'DSparkDrafter',
@@ -169,17 +169,32 @@ class DSparkDrafter(nn.Module):
         conf = self.last.confidence_head.proj.weight.float() @ torch.cat([h.float(), e.float()], -1).T
         return logits, conf[0]
 
+    def markov_rows(self, U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, rp: RowParams, P: torch.Tensor,
+                    n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample R blocks left to right, each request with its own settings `rp` and draft stream: draft `k` of
+        request `i` sits at `P[i] + k + 1` and draws on `(seed, P[i] + k + 1, "draft")`. Returns drafts `[R, n]`, their
+        distributions `q [R, n, V]` (the target's processing; one-hot on greedy rows, whose draft is then the
+        argmax) and confidence logits `[R, n]`. Device in, device out: the γ-step loop is vector work only."""
+        mh, prev, qs = self.last.markov_head, [anchors], []
+        for k in range(n):
+            q = row_probs(torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1]))), rp)   # U + W₂W₁[x_{k−1}]
+            prev.append(draw_keyed(q, rp.seed, P + k + 1, STREAMS["draft"]))
+            qs.append(q)
+        return torch.stack(prev[1:], 1), torch.stack(qs, 1), self._confidence(h[:, :n], torch.stack(prev[:-1], 1))
+
+    def _confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        "Confidence logits `w·[h_k ; W₁[x_{k−1}]]` for hidden states `[R, n, D]` and previous tokens `[R, n]`, fp32."
+        e = self.last.markov_head.markov_w1(prev)
+        return torch.cat([h.float(), e.float()], -1) @ self.last.confidence_head.proj.weight.float()[0]
+
     def markov_sample(self, U: torch.Tensor, h: torch.Tensor, anchor: int, params: SamplingParams, seed: int,
                       P: int, n: int | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """Sample the block left to right. Returns drafts `x₁…x_γ`, their distributions `q [γ, V]` (after the
-        same temperature/top-k/top-p processing the target gets; one-hot when greedy) and confidence logits.
-        With `n`, only the first `n` positions are sampled (the same tokens: each position's noise is keyed by it)."""
-        prev, toks, qs, confs = anchor, [], [], []
-        for k in range(self.block_size if n is None else min(n, self.block_size)):
-            lg, cf = self.markov(U[k:k + 1], h[k:k + 1], torch.tensor([prev], device=U.device))
-            prev, q = draft_sample(lg[0], params, seed, P + k + 1)
-            toks.append(prev); qs.append(q); confs.append(cf[0])
-        return toks, torch.stack(qs), torch.stack(confs)
+        """`markov_rows` for one request's block: drafts `x₁…x_γ`, `q [γ, V]` and confidence logits. With `n`, only
+        the first `n` positions are sampled (the same tokens: each position's noise is keyed by it)."""
+        n, dev = self.block_size if n is None else min(n, self.block_size), U.device
+        t = lambda v: torch.tensor([v], device=dev)
+        drafts, q, conf = self.markov_rows(U[None], h[None], t(anchor), RowParams.of([params], [seed], dev), t(P), n)
+        return drafts[0].tolist(), q[0], conf[0]
 
     @torch.no_grad()
     def propose(self, anchor: int, P: int, ctx: list[torch.Tensor], params: SamplingParams, seed: int, n: int | None = None):
@@ -188,21 +203,26 @@ class DSparkDrafter(nn.Module):
         return self.markov_sample(self.base_logits(h), h, anchor, params, seed, P, n)
 
     @torch.no_grad()
+    def propose_rows(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, n: int,
+                     rp: RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        "Sampled rounds for R requests in one batch (`block_hidden`'s arguments, settings `rp`): `markov_rows`' result."
+        h = self.block_hidden(anchors, P, rows, valid)
+        return self.markov_rows(self.base_logits(h), h, anchors, rp, P, min(n, self.block_size))
+
+    @torch.no_grad()
     def propose_greedy(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,
                        n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy rounds for R requests in one batch (`block_hidden`'s arguments): drafts `[R, n]` and confidence
         logits `[R, n]`, on the device. The Markov loop runs over the batch; each position's token is the argmax,
-        exactly as `markov_sample` picks it for a greedy request, so no `q` is needed (it is one-hot)."""
+        exactly as `markov_rows` picks it on a greedy row, without the distributions (verification needs none:
+        they are one-hot) or the draws."""
         h = self.block_hidden(anchors, P, rows, valid)
         U, mh, n = self.base_logits(h), self.last.markov_head, min(n, self.block_size)
-        prev, toks = [anchors], []
-        for k in range(n):          # the loop `markov` would run, with the confidence left for one product after it
+        prev = [anchors]
+        for k in range(n):
             lg = torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1])))   # the bias is promoted to fp32 exactly
             prev.append(lg.argmax(-1))
-        drafts = torch.stack(prev[1:], 1)
-        e = mh.markov_w1(torch.stack(prev[:-1], 1))                                    # W₁[x_{k−1}] for k = 1..n
-        conf = torch.cat([h[:, :n].float(), e.float()], -1) @ self.last.confidence_head.proj.weight.float()[0]
-        return drafts, conf
+        return torch.stack(prev[1:], 1), self._confidence(h[:, :n], torch.stack(prev[:-1], 1))
 
 # %% ../nbs/11_drafter.ipynb #f5e084e2
 class RowwiseFP8Head(nn.Module):

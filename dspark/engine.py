@@ -19,13 +19,13 @@ from tqdm.auto import tqdm
 from .checkpoint import load_target
 from .drafter import load_drafter
 from .mtp import load_mtp
-from .rejection import SpecStats, rejection_sample, truncate_at_stop
+from .rejection import SpecStats, truncate_at_stop, verify_keyed
 from .speculative import DSparkProposer, MTPProposer
 from .capacity_control import CapacityConfig, CapacityController
 from .kv_cache import PagedKVCache, SeqView, cache_format, forward_cached, plan_cache, profile_line
 from .layers import batch_invariant
 from .model import Transformer
-from .sampling import SamplingParams, stream_key
+from .sampling import RowParams, SamplingParams, on_device, row_probs, stream_key
 from .scheduler import KVCacheManager, Request, Scheduler, SchedulerConfig
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -98,7 +98,6 @@ class ModelRunner:
         self.model, self.cache, self.proposer, self.K, self.max_model_len = model, cache, proposer, num_spec, max_model_len
         self.forward, self.canon = forward, canon
         self.capacity = None                           # a capacity_control.CapacityController, when enabled
-        self.q: dict[str, torch.Tensor] = {}          # draft distributions of each request's pending drafts
         self.stats = SpecStats()
         self.observed = False                          # whether this step's forward wrote the drafter's context itself
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
@@ -121,7 +120,7 @@ class ModelRunner:
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
                               feats if pr and pr.final else None)
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
-        decided = {}                                               # id -> (drafts verified, accepted, tokens, logprobs)
+        decided, sampled = {}, []                                  # id -> (drafts verified, accepted, tokens, logprobs)
         if greedy:                                                 # every row's argmax in one device-to-host copy
             top, ends = torch.cat(logits).argmax(-1).tolist(), torch.tensor([n for _, n in batch]).cumsum(0).tolist()
         for i, ((r, n), lg) in enumerate(zip(batch, logits)):
@@ -130,13 +129,36 @@ class ModelRunner:
                 if pr and not self.observed: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
                 continue
             k = n - known
-            rows = lg[known - 1:]                                  # row j verifies draft j+1; the last is the bonus
-            if greedy: a, toks = greedy_verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]])
-            else: a, toks = rejection_sample(rows, r.drafts[:k], self.q.get(r.request_id), r.params, r.seed, r.num_tokens)
-            lp = (None if r.params.logprobs is None else
-                  [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)])
-            decided[r.request_id] = (k, a, toks, lp)
+            if greedy: decided[r.request_id] = (k, *greedy_verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]]), None)
+            else: sampled.append((r, k, lg[known - 1:]))           # row j verifies draft j+1; the last is the bonus
+        if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
+
+    def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
+        """Rejection sampling for every verifying request of a step at once, on the device (chapter 12's
+        `verify_keyed`): each request's `k + 1` rows and `k` draft distributions, padded to the step's largest `k`,
+        each row processed with its own request's settings; one copy of `(accepted, next token)` to the host.
+        Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`."""
+        reqs = [r for r, _, _ in items]
+        K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
+        flat = torch.cat([rows for _, _, rows in items])
+        start = [0] + torch.tensor([k + 1 for _, k, _ in items]).cumsum(0).tolist()[:-1]
+        ints = on_device([[s + min(j, k) for j in range(K + 1)] + [k, r.num_tokens] + (r.drafts[:k] + [0] * (K - k))
+                          for (r, k, _), s in zip(items, start)], torch.long, dev)
+        rp = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev)
+        p = row_probs(flat[ints[:, :K + 1].reshape(-1)], rp.repeat(K + 1)).view(len(items), K + 1, V)
+        drafts, n_drafts = ints[:, K + 3:], ints[:, K + 1]
+        if K and any(k and not r.params.greedy for r, k, _ in items):      # sampled drafts to verify: their q
+            q = self.proposer.draft_probs(reqs, K)
+            if rp.greedy: q = torch.where((rp.temperature == 0)[:, None, None], torch.nn.functional.one_hot(drafts, V).to(q), q)
+        else: q = torch.nn.functional.one_hot(drafts, V).float()
+        a, nxt = verify_keyed(p, q, drafts, n_drafts, rp.seed, ints[:, K + 2])
+        out = {}
+        for (r, k, rows), (a, t) in zip(items, torch.stack([a, nxt], 1).tolist()):
+            toks = r.drafts[:a] + [t]
+            lp = None if r.params.logprobs is None else [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)]
+            out[r.request_id] = (k, a, toks, lp)
+        return out
 
     def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor], seqs: list[SeqView]):
         """A greedy verify step as one fused round (chapter 28): the host re-runs `greedy_verify` on the argmax it
@@ -204,16 +226,16 @@ class ModelRunner:
         if feats is not None: self.proposer.observe(r.slot, r.request_id, feats, positions, r.all_ids + toks)
         P = int(positions[-1]) + 1                                 # the anchor toks[-1] sits at P
         room, r.drafts = self._room(r, P, toks), []
-        if room > 0:
-            r.drafts, self.q[r.request_id] = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
+        if room > 0: r.drafts, _ = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
 
     def _propose_all(self, pending: list, ready: dict | None = None) -> None:
-        """Propose for every verified request: in one batched drafter forward when the proposer can (DSpark, all
-        requests greedy, at most a ring's width of new positions each), else request by request. `ready`: the
-        fused round's result, whose drafts at the anchors the host has just accepted `settle` takes later."""
+        """Propose for every verified request: in one batched drafter forward when the proposer can (DSpark, at most
+        a ring's width of new positions each) — the captured greedy draft step when every request is greedy, else
+        the sampled one — and request by request otherwise. `ready`: the fused round's result, whose drafts at the
+        anchors the host has just accepted `settle` takes later."""
         pr = self.proposer
-        if ready is None and not (pending and callable(getattr(pr, "propose_greedy", None))
-                                  and all(r.params.greedy for r, *_ in pending) and all(m <= pr.ctx.w for _, _, m, _ in pending)):
+        if ready is None and not (pending and callable(getattr(pr, "propose_sampled", None))
+                                  and all(m <= pr.ctx.w for _, _, m, _ in pending)):
             for r, f, m, toks in pending: self._propose(r, f, self._positions(r, m), toks)
             return
         if not self.observed and pending:
@@ -223,13 +245,13 @@ class ModelRunner:
         for r, _, m, toks in pending:
             P = r.num_computed + m                                  # the anchor toks[-1] sits at P
             room, r.drafts = self._room(r, P, toks), []
-            self.q.pop(r.request_id, None)                         # greedy: verification needs no q
             if room > 0: plan.append((r, toks[-1], P, room))
         if ready is not None:                                       # a fused round drafted already: `settle` takes them
             self.deferred = (ready, [(r, n) for r, _, _, n in plan])
         elif plan:
-            anchors, Ps, rooms = map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
-            drafts = pr.propose_greedy([r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], anchors, Ps, rooms)
+            args = [r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], *map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
+            if all(r.params.greedy for r, *_ in plan): drafts = pr.propose_greedy(*args)
+            else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
             for (r, *_), d in zip(plan, drafts): r.drafts = d
 
     def _room(self, r: Request, P: int, toks: list[int]) -> int:
@@ -238,8 +260,8 @@ class ModelRunner:
         return min(depth, self.max_model_len - 1 - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
 
     def forget(self, request_id: str) -> None:
-        "A finished or aborted request's pending draft distribution is dropped."
-        self.q.pop(request_id, None)
+        "A finished or aborted request's pending draft state is dropped."
+        if self.proposer is not None: self.proposer.forget(request_id)
         if self.capacity: self.capacity.forget(request_id)
 
     @staticmethod

@@ -25,6 +25,7 @@ from .kv_cache import PagedKVCache, SeqView, run_layers
 from .layers import (Expert, Gate, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
                            set_moe_impl)
 from .quant import fake_quant_index, fake_quant_kv
+from .sampling import RowParams, _signed64
 
 log = logging.getLogger("dspark")
 
@@ -397,46 +398,87 @@ class GraphRunner:
 
 # %% ../nbs/26_cuda_graphs.ipynb #6112f064
 class DraftGraphs:
-    "CUDA graphs of `DSparkProposer.draft_tensors` for the block size's drafts, one per request-count bucket."
-    def __init__(self, proposer, max_num_seqs: int):
+    """CUDA graphs of the DSpark draft step for the block size's drafts, one per request-count bucket: the greedy
+    step (`DSparkProposer.draft_tensors`), and the sampled step (`draft_rows`) with and without top-k/top-p,
+    whose per-request settings are persistent buffers and whose draft distributions are written into the
+    proposer's `q` inside the graph, where the next step's verification reads them. `capture=False` runs the
+    same steps eagerly on the same buffers (CPU tests of the buffer layout and padding)."""
+    def __init__(self, proposer, max_num_seqs: int, capture: bool = True):
         self.pr, self.K = proposer, proposer.drafter.block_size
         dev = proposer.ctx.pos.device
-        self.slots, self.anchors, self.P = (torch.zeros(max_num_seqs, dtype=torch.long, device=dev) for _ in range(3))
-        self.stage = HostStage({"slots": self.slots, "anchors": self.anchors, "P": self.P})
-        self.sizes, self.graphs = bucket_sizes(max_num_seqs), {}
-        self.replays = 0
-        run = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
+        z = lambda dt, v=0: torch.full((max_num_seqs,), v, dtype=dt, device=dev)
+        self.slots, self.anchors, self.P, self.seed, self.top_k = (z(torch.long) for _ in range(5))
+        self.temperature, self.top_p = z(torch.float32, 1.0), z(torch.float32, 1.0)
+        self.stage = HostStage({k: getattr(self, k) for k in ("slots", "anchors", "P", "temperature", "seed", "top_k", "top_p")})
+        self.sizes, self.replays, self.capture = bucket_sizes(max_num_seqs), 0, capture
+        proposer.alloc_q(proposer.drafter.cfg.vocab_size)            # written inside the sampled graphs
+        greedy = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
+        sampled = lambda filtered: lambda n: proposer.draft_rows(self.slots[:n], self.anchors[:n], self.P[:n], self.K,
+                                                                 self._params(n, filtered))
+        self.graphs, self.sampled_graphs = self._capture(greedy), {f: self._capture(sampled(f)) for f in (False, True)}
+
+    def _params(self, n: int, filtered: bool) -> RowParams:
+        "The buffers' first `n` rows as `RowParams` (greedy rows possible: their drafts are the argmax)."
+        return RowParams(self.temperature[:n], self.seed[:n], self.top_k[:n] if filtered else None,
+                         self.top_p[:n] if filtered else None, greedy=True)
+
+    def _capture(self, run) -> dict:
+        "Warm up on a side stream (compiles the kernels), then one graph per bucket, largest first, one pool."
+        if not self.capture: return {n: (None, run) for n in self.sizes}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for n in self.sizes: run(n)
         torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
+        pool, graphs = torch.cuda.graph_pool_handle(), {}
         for n in sorted(self.sizes, reverse=True):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool): out = run(n)
-            self.graphs[n] = (g, out)
+            graphs[n] = (g, out)
+        return graphs
 
     def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
 
     def step_ms(self, reqs: int, reps: int = 5) -> float:
-        "Median device milliseconds of the draft step for `reqs` requests (it only reads the rings)."
+        "Median device milliseconds of the greedy draft step for `reqs` requests (it only reads the rings)."
         n = next(s for s in self.sizes if s >= reqs)
         return replay_ms(self.graphs[n][0].replay, reps)
 
-    def __call__(self, slots: list[int], anchors: list[int], P: list[int]):
-        "Replay for these requests; `(drafts [R, K], confidence logits [R, K], context complete [R])` on the device."
+    def _fill(self, slots: list[int], anchors: list[int], P: list[int], sampling: tuple | None) -> int:
+        """Lay the requests into the buffers (asynchronously, from the pinned stage) and return the bucket. Padding
+        rows of a sampled step aim at the scratch slot, whose `q` rows nobody reads."""
         R = len(slots)
-        n = next(s for s in self.sizes if s >= R)
+        n = next(s for s in self.sizes if s >= max(R, 1))
         self.stage.wait()
-        for name, buf, v in (("slots", self.slots, slots), ("anchors", self.anchors, anchors), ("P", self.P, P)):
-            h = self.stage.np[name]
-            h[:R], h[R:n] = v, 0
-            self.stage.send(buf, name, n)
+        h = self.stage.np
+        pad = self.pr.ctx.scratch if sampling is not None else 0
+        h["slots"][:R], h["slots"][R:n], h["anchors"][:R], h["anchors"][R:n], h["P"][:R], h["P"][R:n] = slots, pad, anchors, 0, P, 0
+        names = ["slots", "anchors", "P"]
+        if sampling is not None:
+            params, seeds = sampling
+            h["temperature"][:R], h["top_p"][:R] = [sp.temperature for sp in params], [sp.top_p for sp in params]
+            h["top_k"][:R], h["seed"][:R] = [sp.top_k for sp in params], [_signed64(x) for x in seeds]
+            h["temperature"][R:n], h["top_p"][R:n], h["top_k"][R:n], h["seed"][R:n] = 1.0, 1.0, -1, 0
+            names += ["temperature", "seed", "top_k", "top_p"]
+        for name in names: self.stage.send(getattr(self, name), name, n)
         self.stage.sent()
-        g, (drafts, conf, complete) = self.graphs[n]
-        g.replay()
+        return n
+
+    def __call__(self, slots: list[int], anchors: list[int], P: list[int]):
+        "Replay the greedy step; `(drafts [R, K], confidence logits [R, K], context complete [R])` on the device."
+        return self._replay(self.graphs, len(slots), self._fill(slots, anchors, P, None))
+
+    def sampled(self, slots: list[int], anchors: list[int], P: list[int], params: list, seeds: list[int]):
+        "Replay the sampled step for requests of any settings (`params`, `seeds`); the same outputs as `__call__`."
+        filtered = any(sp.top_k != -1 or sp.top_p < 1.0 for sp in params)
+        return self._replay(self.sampled_graphs[filtered], len(slots), self._fill(slots, anchors, P, (params, seeds)))
+
+    def _replay(self, graphs: dict, R: int, n: int):
+        g, out = graphs[n]
+        if g is None: out = out(n)                     # not captured: the same step, eagerly, on the same buffers
+        else: g.replay()
         self.replays += 1
+        drafts, conf, complete = out
         return drafts[:R], conf[:R], complete[:R]
 
 # %% ../nbs/26_cuda_graphs.ipynb #21c3df06

@@ -1,4 +1,4 @@
-r"""Verifying a block of draft tokens without changing what the target would have sampled: accept each draft with probability $\min(1, p/q)$, resample the first rejection from the residual $\max(0, p-q)$, and add a bonus token when every draft survives — vectorised on given noise for tests, and per request on the keyed random streams for the engine.
+r"""Verifying a block of draft tokens without changing what the target would have sampled: accept each draft with probability $\min(1, p/q)$, resample the first rejection from the residual $\max(0, p-q)$, and add a bonus token when every draft survives — vectorised on given noise for tests, and for a whole step of requests on their keyed random streams in the engine.
 
 Docs: https://dspark-dev.github.io/dspark/rejection.html.md"""
 
@@ -11,20 +11,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams, keyed_uniform, probs, sample
+from .sampling import STREAMS, SamplingParams, _signed64, draw_keyed, gumbel, keyed_uniforms, probs
 
 # %% auto #0
-__all__ = ['residual', 'gumbel', 'draw', 'accepted_length', 'next_token', 'verify', 'rejection_sample', 'truncate_at_stop',
-           'SpecStats']
+__all__ = ['residual', 'draw', 'accepted_length', 'final_weights', 'next_token', 'verify', 'verify_keyed', 'rejection_sample',
+           'truncate_at_stop', 'SpecStats']
 
 # %% ../nbs/12_rejection.ipynb #5618ff03
 def residual(p_a: torch.Tensor, q_next: torch.Tensor) -> torch.Tensor:
     "Unnormalised residual $\\max(0, p_a - q_{a+1})$: what $p$ still owes after the drafter's share $\\min(p, q)$."
     return (p_a - q_next).clamp_min(0)
-
-def gumbel(u: torch.Tensor) -> torch.Tensor:
-    "Gumbel noise from uniforms in (0, 1): $-\\log(-\\log u)$."
-    return -torch.log(-torch.log(u))
 
 def draw(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     "Gumbel-max: one index per row of the non-negative weights `w [N, V]`, distributed as `w / w.sum(-1)`."
@@ -42,16 +38,20 @@ def accepted_length(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, n_dr
     ok = live & (qx > 0) & (u.double() * qx < px)
     return ok.long().cumprod(-1).sum(-1)
 
-def next_token(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor, n_drafts: torch.Tensor,
-               g: torch.Tensor, tiny: float = 1e-8) -> torch.Tensor:
-    """The token after `a` accepted drafts, with Gumbel noise `g [N, V]` for that draw: from the residual of
-    row `a` if draft `a+1` was rejected (`a < n_drafts`), else the bonus from $p_a$."""
+def final_weights(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor, n_drafts: torch.Tensor, tiny: float = 1e-8) -> torch.Tensor:
+    """What the token after `a` accepted drafts is drawn from, `[N, V]`: the residual of row `a` if draft `a+1` was
+    rejected (`a < n_drafts`), else the bonus distribution $p_a$."""
     rows = torch.arange(p.shape[0], device=p.device)
     p_a = p[rows, a]
-    if q.shape[1] == 0: return draw(p_a, g)
+    if q.shape[1] == 0: return p_a
     r = residual(p_a, q[rows, a.clamp(max=q.shape[1] - 1)])
     r = torch.where(r.sum(-1, keepdim=True) > tiny, r, p_a)    # no residual mass: rejection was a rounding artefact
-    return draw(torch.where((a < n_drafts).unsqueeze(-1), r, p_a), g)
+    return torch.where((a < n_drafts).unsqueeze(-1), r, p_a)
+
+def next_token(p: torch.Tensor, q: torch.Tensor, a: torch.Tensor, n_drafts: torch.Tensor,
+               g: torch.Tensor, tiny: float = 1e-8) -> torch.Tensor:
+    "The token after `a` accepted drafts, with Gumbel noise `g [N, V]` for that draw (see `final_weights`)."
+    return draw(final_weights(p, q, a, n_drafts, tiny), g)
 
 def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, n_drafts: torch.Tensor,
            u: torch.Tensor, g_recover: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +63,18 @@ def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, n_drafts: tor
     return a, next_token(p, q, a, n_drafts, g_recover[torch.arange(p.shape[0], device=p.device), a])
 
 # %% ../nbs/12_rejection.ipynb #838efcf4
+def verify_keyed(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, n_drafts: torch.Tensor, seed: torch.Tensor,
+                 position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` for `N` requests with every random number from their keyed streams (chapter 07): `drafts[i, 0]` sits
+    at absolute `position[i]`; draft `j` is accepted on uniform `(seed, position + j, "accept")`, and the next token
+    at `position + a` is drawn on stream `"recover"` after a rejection, `"sample"` for the bonus. Device in, device
+    out: the engine verifies a whole step's sampled requests with it and copies `(a, next)` to the host once."""
+    offs = torch.arange(drafts.shape[1], device=drafts.device)
+    u = keyed_uniforms(seed[:, None], position[:, None] + offs, STREAMS["accept"], 1)[..., 0]
+    a = accepted_length(p, q, drafts, n_drafts, u)
+    stream = torch.where(a < n_drafts, STREAMS["recover"], STREAMS["sample"])
+    return a, draw_keyed(final_weights(p, q, a, n_drafts), seed, position + a, stream)
+
 def rejection_sample(target_logits: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | None,
                      params: SamplingParams, seed: int, position: int) -> tuple[int, list[int]]:
     """Verify one request's `drafts` (`drafts[0]` at absolute `position`) against `target_logits [≥ℓ+1, V]`
@@ -70,17 +82,15 @@ def rejection_sample(target_logits: torch.Tensor, drafts: list[int], draft_probs
     n, V, dev = len(drafts), target_logits.shape[-1], target_logits.device
     if target_logits.shape[0] < n + 1: raise ValueError(f"need {n + 1} target rows, got {target_logits.shape[0]}")
     p = probs(target_logits[:n + 1], params).unsqueeze(0)                  # [1, n+1, V]
-    x, nd = torch.tensor(drafts, dtype=torch.long, device=dev).reshape(1, n), torch.tensor([n], device=dev)
-    if params.greedy or n == 0:                                            # one-hot q: no noise needed
-        q, u = torch.nn.functional.one_hot(x, V).float(), torch.full((1, n), 0.5, dtype=torch.float64, device=dev)
+    x = torch.tensor(drafts, dtype=torch.long, device=dev).reshape(1, n)
+    if params.greedy or n == 0: q = torch.nn.functional.one_hot(x, V).float()   # one-hot q: the noise decides nothing
     else:
         if draft_probs is None or draft_probs.shape[0] < n: raise ValueError(f"need {n} draft_probs rows")
         q = draft_probs[:n].to(p).unsqueeze(0)
-        u = torch.cat([keyed_uniform(seed, position + i, "accept", 1, dev) for i in range(n)]).unsqueeze(0)
-    a = int(accepted_length(p, q, x, nd, u)[0])
-    if a == n: return a, drafts[:a] + [sample(target_logits[n], params, seed, position + n)]   # bonus
-    g = torch.zeros(1, V, device=dev) if params.greedy else gumbel(keyed_uniform(seed, position + a, "recover", V, dev))[None]
-    return a, drafts[:a] + [int(next_token(p, q, torch.tensor([a], device=dev), nd, g)[0])]
+    t = lambda v: torch.tensor([v], dtype=torch.long, device=dev)
+    a, nxt = verify_keyed(p, q, x, t(n), t(_signed64(seed)), t(position))
+    a = int(a[0])
+    return a, drafts[:a] + [int(nxt[0])]
 
 def truncate_at_stop(tokens: list[int], stop_ids: set[int]) -> list[int]:
     """Committed tokens up to and including the first stop id: a stop accepted inside the draft ends the

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 # %% auto #0
-__all__ = ['STREAMS', 'SamplingParams', 'process_logits', 'probs', 'stream_key', 'keyed_uniform', 'sample', 'draft_sample']
+__all__ = ['STREAMS', 'PHILOX_M', 'PHILOX_W', 'SamplingParams', 'process_rows', 'process_logits', 'probs', 'RowParams',
+           'row_probs', 'on_device', 'stream_key', 'philox4x32', 'bits_to_uniform', 'keyed_uniforms', 'keyed_uniform',
+           'gumbel', 'draw_keyed', 'sample', 'draft_sample']
 
 # %% ../nbs/07_sampling.ipynb #4c55a527
 @dataclass
@@ -54,51 +56,169 @@ class SamplingParams:
     def greedy(self) -> bool: return self.temperature == 0
 
 # %% ../nbs/07_sampling.ipynb #0de9a7a2
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
-    "Scaled and filtered logits (`-inf` outside the kept set) for one request's rows `[..., V]`, fp32."
-    x = logits.float() / max(temperature, 1e-8)
-    if top_k != -1 and top_k < x.shape[-1]:
-        kth = x.topk(top_k, dim=-1).values[..., -1:]
+def process_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
+                 top_p: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled and filtered logits (`-inf` outside the kept set) of rows `[M, V]` that belong to different requests:
+    row `i` gets its own `temperature[i]` (> 0), `top_k[i]` (-1: off) and `top_p[i]` (1: off). `None` filters
+    skip the sorts (the engine knows on the host whether any row in the batch asks for them)."""
+    x = logits.float() / temperature.float().clamp_min(1e-8)[:, None]
+    V = x.shape[-1]
+    if top_k is not None:                                             # the k-th largest value, ties kept together
+        k = torch.where((top_k >= 1) & (top_k < V), top_k, V)
+        kth = x.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
         x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
+    if top_p is not None:
         p, order = x.softmax(-1).sort(dim=-1, descending=True, stable=True)
         before = p.cumsum(-1) - p                                     # mass strictly before each token
-        drop = torch.zeros_like(x, dtype=torch.bool).scatter(-1, order, before >= top_p)
-        x = x.masked_fill(drop, float("-inf"))
+        cut = (before >= top_p.float()[:, None]) & (top_p < 1.0)[:, None]
+        x = x.masked_fill(torch.zeros_like(x, dtype=torch.bool).scatter(-1, order, cut), float("-inf"))
     return x
+
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    "`process_rows` for one request's rows `[..., V]` (one set of settings), fp32."
+    x = logits.reshape(-1, logits.shape[-1])
+    full = lambda v, dt: torch.full((x.shape[0],), v, dtype=dt, device=x.device)
+    out = process_rows(x, full(max(temperature, 1e-8), torch.float32),
+                       full(top_k, torch.long) if top_k != -1 and top_k < x.shape[-1] else None,
+                       full(top_p, torch.float32) if top_p < 1.0 else None)
+    return out.reshape(logits.shape)
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     "The distribution a request samples from: one-hot argmax when greedy."
     if params.greedy: return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     return process_logits(logits, params.temperature, params.top_k, params.top_p).softmax(-1)
 
+# %% ../nbs/07_sampling.ipynb #5b1e0c7a
+@dataclass
+class RowParams:
+    """Sampling settings of a batch's rows as device tensors, one entry per row: `temperature` (0 = greedy),
+    `top_k`, `top_p` and the request's `seed` (int64: the seed mod 2⁶⁴, two's complement). `top_k` / `top_p` are
+    `None` when no row uses them, and `greedy` says whether any row is greedy — host facts, so the batch skips
+    the sorts and the one-hot pass it does not need."""
+    temperature: torch.Tensor
+    seed: torch.Tensor
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    greedy: bool = False
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], seeds: list[int], device) -> "RowParams":
+        "One row per request, in two asynchronous host-to-device copies."
+        fl = on_device([[sp.temperature, sp.top_p] for sp in params], torch.float32, device)
+        ints = on_device([[sp.top_k, _signed64(s)] for sp, s in zip(params, seeds)], torch.long, device)
+        any_k, any_p = any(sp.top_k != -1 for sp in params), any(sp.top_p < 1.0 for sp in params)
+        return cls(fl[:, 0], ints[:, 1], ints[:, 0] if any_k else None, fl[:, 1] if any_p else None,
+                   any(sp.greedy for sp in params))
+
+    def repeat(self, n: int) -> "RowParams":
+        "Each row `n` times in a row: the settings of a request's `n` consecutive rows (verify rows, draft positions)."
+        rep = lambda t: None if t is None else t.repeat_interleave(n)
+        return RowParams(rep(self.temperature), rep(self.seed), rep(self.top_k), rep(self.top_p), self.greedy)
+
+def row_probs(logits: torch.Tensor, rp: RowParams) -> torch.Tensor:
+    "`probs` for rows `[M, V]` of different requests: softmax of `process_rows`, one-hot argmax on greedy rows."
+    p = process_rows(logits, rp.temperature, rp.top_k, rp.top_p).softmax(-1)
+    if rp.greedy:
+        hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(p.dtype)
+        p = torch.where((rp.temperature == 0)[:, None], hot, p)
+    return p
+
+def on_device(data: list, dtype: torch.dtype, device) -> torch.Tensor:
+    """A host list as a device tensor. On CUDA through pinned memory and an asynchronous copy: a pageable copy
+    would wait for everything queued before it (the step's graph replay) and leave the GPU idle meanwhile."""
+    t = torch.tensor(data, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)
+
+def _signed64(seed: int) -> int:
+    "A Python int seed as the int64 that holds its value mod 2⁶⁴."
+    s = seed % 2**64
+    return s - 2**64 if s >= 2**63 else s
+
 # %% ../nbs/07_sampling.ipynb #e7faf5c0
 STREAMS = {"sample": 0, "draft": 1, "accept": 2, "recover": 3}
 
 def stream_key(seed: int, position: int, stream: str) -> int:
-    "A 63-bit key for (seed, position, purpose)."
+    "A 63-bit key for (seed, position, purpose): the engine derives the seeds of unseeded requests with it."
     h = hashlib.blake2b(f"{seed}:{position}:{STREAMS[stream]}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") >> 1
 
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)      # Philox4x32 round multipliers
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)      # key increments (Weyl sequence)
+_M32 = 0xFFFFFFFF
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "High and low 32 bits of `a · m` (`a` < 2³², held in int64) without int64 overflow: `a` in 16-bit halves."
+    lo16, hi16 = a & 0xFFFF, a >> 16
+    p_lo, p_hi = lo16 * m, hi16 * m                                   # each < 2⁴⁸
+    mid = p_hi + (p_lo >> 16)
+    return mid >> 16, ((mid & 0xFFFF) << 16 | (p_lo & 0xFFFF)) & _M32
+
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = 10) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 (Salmon et al., SC'11): a keyed bijection of a 128-bit counter `(c0..c3)` under the 64-bit
+    key `(k0, k1)`, every word a uint32 held in an int64 tensor (broadcasting). A counter-based generator needs
+    no state: any element of any stream is computed directly, on any device, in any order."""
+    for r in range(rounds):
+        if r: k0, k1 = (k0 + PHILOX_W[0]) & _M32, (k1 + PHILOX_W[1]) & _M32
+        hi0, lo0 = _mulhilo(c0, PHILOX_M[0])
+        hi1, lo1 = _mulhilo(c2, PHILOX_M[1])
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+def bits_to_uniform(x: torch.Tensor) -> torch.Tensor:
+    "A uint32 word to a float32 uniform in (0, 1): 23 random bits as an odd multiple of 2⁻²⁴ (exact in float32)."
+    return ((x >> 9) * 2 + 1).to(torch.float32) * 2.0 ** -24
+
+def keyed_uniforms(seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, n: int) -> torch.Tensor:
+    """`[..., n]` float32 uniforms: element `i` of the stream of (seed, position, purpose) for each entry of the
+    broadcast `seed` (int64), `position` and `stream`. Philox key = the seed's two 32-bit words; counter =
+    (i, position, purpose, position >> 32). On a CUDA tensor this is one Triton launch (chapter 29); the torch
+    code here is its reference and the CPU path."""
+    seed, position = torch.broadcast_tensors(seed.long(), position.long())
+    stream = _per_row(stream, seed)
+    if seed.is_cuda:
+        from .kernels_sample import keyed_uniforms_triton
+        return keyed_uniforms_triton(seed, position, stream, n)
+    i = torch.arange(n, device=seed.device)
+    x = philox4x32(i, (position & _M32)[..., None], stream[..., None], (position >> 32 & _M32)[..., None],
+                   (seed & _M32)[..., None], (seed >> 32 & _M32)[..., None])[0]
+    return bits_to_uniform(x)
+
+def _per_row(stream: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
+    "A purpose (one int, or a tensor) for every entry of `like`; an int becomes a fill, so a captured step copies nothing."
+    if isinstance(stream, int): return torch.full(like.shape, stream, dtype=torch.long, device=like.device)
+    return stream.long().expand(like.shape)
+
 def keyed_uniform(seed: int, position: int, stream: str, n: int, device="cpu") -> torch.Tensor:
-    "`n` uniforms in (0, 1) from the stream of (seed, position, purpose); identical on every call."
-    g = torch.Generator(device="cpu").manual_seed(stream_key(seed, position, stream))
-    return torch.rand(n, generator=g, dtype=torch.float64).clamp_(1e-20, 1 - 1e-16).to(device)
+    "`n` uniforms in (0, 1) from the stream of (seed, position, purpose); identical on every call and every device."
+    t = lambda v: torch.tensor(v, dtype=torch.long, device=device)
+    return keyed_uniforms(t(_signed64(seed)), t(position), STREAMS[stream], n)
+
+def gumbel(u: torch.Tensor) -> torch.Tensor:
+    "Gumbel noise from uniforms in (0, 1): $-\\log(-\\log u)$."
+    return -torch.log(-torch.log(u))
+
+def draw_keyed(w: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int) -> torch.Tensor:
+    """Gumbel-max over rows of non-negative weights `w [M, V]`: row `i` draws index `v` with probability
+    `w[i, v] / w[i].sum()`, its noise element `v` of the stream of (`seed[i]`, `position[i]`, `stream[i]`).
+    Ties go to the lowest index. One Triton launch on CUDA (noise made in registers, never stored)."""
+    stream = _per_row(stream, seed.expand(w.shape[0]))
+    if w.is_cuda:
+        from .kernels_sample import draw_keyed_triton
+        return draw_keyed_triton(w, seed.long(), position.long(), stream)
+    g = gumbel(keyed_uniforms(seed, position, stream, w.shape[-1]))
+    return (w.float().log() + g).argmax(-1)
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int, stream: str = "sample") -> int:
     """One token for the row `logits [V]` predicting `position`, from the stream of the request's `seed`
     (the engine gives a request without `params.seed` a random one when it arrives)."""
     if params.greedy: return int(logits.argmax())
-    x = process_logits(logits, params.temperature, params.top_k, params.top_p).double()
-    u = keyed_uniform(seed, position, stream, x.shape[-1], x.device)
-    return int((x - torch.log(-torch.log(u))).argmax())
+    t = lambda v: torch.tensor([v], dtype=torch.long, device=logits.device)
+    return int(draw_keyed(probs(logits, params)[None], t(_signed64(seed)), t(position), STREAMS[stream])[0])
 
 # %% ../nbs/07_sampling.ipynb #6c188765
 def draft_sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> tuple[int, torch.Tensor]:
     "A draft token for `position` from the request's draft stream, and its `q` (one-hot when greedy)."
-    if params.greedy:
-        tok = int(logits.argmax()); q = torch.zeros(logits.shape[-1], device=logits.device); q[tok] = 1.0
-        return tok, q
-    x = process_logits(logits, params.temperature, params.top_k, params.top_p)
-    u = keyed_uniform(seed, position, "draft", x.shape[-1], x.device)
-    return int((x.double() - torch.log(-torch.log(u))).argmax()), x.softmax(-1)
+    q = probs(logits, params)
+    if params.greedy: return int(q.argmax()), q
+    t = lambda v: torch.tensor([v], dtype=torch.long, device=logits.device)
+    return int(draw_keyed(q[None], t(_signed64(seed)), t(position), STREAMS["draft"])[0]), q

@@ -11,7 +11,7 @@ import torch
 
 from .drafter import DSparkDrafter
 from .mtp import MTPDrafter, MTPRing
-from .sampling import draft_sample
+from .sampling import RowParams, draft_sample, on_device
 
 # %% auto #0
 __all__ = ['DraftContext', 'DSparkProposer', 'MTPProposer']
@@ -66,6 +66,7 @@ class DSparkProposer:
         self.drafter, self.ctx = drafter, DraftContext(drafter, max_seqs, device)
         self.taps = tuple(drafter.cfg.dspark_target_layer_ids)
         self.confidence: dict | None = None    # capacity control sets {} to read (logits, context complete) per proposal
+        self.q: torch.Tensor | None = None     # [max_seqs + 1, γ, V] fp32 draft distributions by ring slot (first sampled use)
 
     def observe(self, slot: int, rid: str, feats: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
         self.ctx.claim(slot, rid); self.ctx.insert(slot, feats, positions)
@@ -84,7 +85,29 @@ class DSparkProposer:
         ctx = self.ctx.gather(slot, P)
         drafts, q, conf = self.drafter.propose(anchor, P, ctx, params, seed, n)   # the Markov loop stops at n
         if self.confidence is not None: self.confidence[rid] = (conf[:n], len(ctx[0]) == min(P, self.ctx.w))
+        if not params.greedy: self._keep_q(on_device([slot], torch.long, q.device), q[None, :n])
         return drafts[:n], q[:n]
+
+    def _keep_q(self, slots: torch.Tensor, q: torch.Tensor) -> None:
+        """Store the draft distributions `q [R, n, V]` of ring `slots` for the next step's verification. The buffer
+        is allocated once, at the first sampled proposal (greedy serving never needs it); rows past a request's
+        drafts are stale and never read (the verifier stops at the draft count)."""
+        self.alloc_q(q.shape[-1])
+        self.q[slots, :q.shape[1]] = q
+
+    def alloc_q(self, V: int) -> None:
+        "The draft-distribution buffer, one row per ring slot plus the scratch slot that padding rows write."
+        if self.q is None:
+            self.q = torch.zeros(self.ctx.scratch + 1, self.drafter.block_size, V, dtype=torch.float32, device=self.ctx.pos.device)
+
+    def draft_probs(self, reqs: list, K: int) -> torch.Tensor:
+        """`[R, K, V]`: the stored draft distributions of `reqs` (by their ring slots). Rows of a request without
+        sampled drafts this step are whatever its slot holds; the verifier reads none of them."""
+        self.alloc_q(self.drafter.cfg.vocab_size)
+        return self.q[on_device([r.slot for r in reqs], torch.long, self.ctx.pos.device), :K]
+
+    def forget(self, rid: str) -> None:
+        "Nothing to drop: a slot's distributions are overwritten by its next owner's first proposal."
 
     def observe_many(self, slots: list[int], rids: list[str], feats: list[torch.Tensor], positions: list[torch.Tensor]) -> None:
         "`observe` for a whole step's verified requests (each bringing at most the ring's width of positions)."
@@ -99,10 +122,37 @@ class DSparkProposer:
         """Device in, device out (graph-capturable): greedy drafts `[R, n]`, confidence logits `[R, n]` and whether
         each request's context window is complete `[R]`, for requests in ring `slots` anchored at `P`. Reads the
         rings in place, masking rows outside `[P − w, P)`; writes nothing."""
-        pos = self.ctx.pos[slots]
-        valid = (pos >= (P - self.ctx.w).clamp(min=0)[:, None]) & (pos < P[:, None])
+        valid = self._window(slots, P)
         drafts, conf = self.drafter.propose_greedy(anchors, P, self.ctx.rows[slots], valid, n)
         return drafts, conf, valid.sum(-1) == P.clamp(max=self.ctx.w)
+
+    def _window(self, slots: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        "Which ring places of `slots` hold the window `[P − w, P)` of each request, `[R, w + γ]`."
+        pos = self.ctx.pos[slots]
+        return (pos >= (P - self.ctx.w).clamp(min=0)[:, None]) & (pos < P[:, None])
+
+    def draft_rows(self, slots: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams):
+        """`draft_tensors` for requests of any sampling settings `rp`: drafts `[R, n]`, confidence logits, context
+        complete; the drafts' distributions go to the slots' rows of `q`. Device in, device out (capturable)."""
+        valid = self._window(slots, P)
+        drafts, q, conf = self.drafter.propose_rows(anchors, P, self.ctx.rows[slots], valid, n, rp)
+        self._keep_q(slots, q)
+        return drafts, conf, valid.sum(-1) == P.clamp(max=self.ctx.w)
+
+    def propose_sampled(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int],
+                        params: list, seeds: list[int]) -> list[list[int]]:
+        """Drafts for many requests of any sampling settings (greedy ones too) with one batched drafter forward and
+        one Markov loop on the device (`draft_rows`; a graph replay when captured): request i gets `n[i]` drafts,
+        their distributions stay on the device for verification. One device-to-host copy for the batch."""
+        if self.graphs is not None and self.graphs.fits(len(slots), max(n)):
+            drafts, conf, complete = self.graphs.sampled(slots, anchors, P, params, seeds)
+        else:
+            dev = self.ctx.pos.device
+            t = lambda v: on_device(v, torch.long, dev)
+            drafts, conf, complete = self.draft_rows(t(slots), t(anchors), t(P), max(n), RowParams.of(params, seeds, dev))
+        out, full = drafts.tolist(), complete.tolist()
+        conf = conf.cpu() if self.confidence is not None else [None] * len(rids)
+        return self.collect(rids, n, out, list(conf), full)
 
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
@@ -133,6 +183,7 @@ class MTPProposer:
         self.mtp = mtp
         self.ring = MTPRing(mtp.cfg, max_seqs, lookahead, mtp.target.embed.weight.dtype, device)
         self.last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.q: dict[str, torch.Tensor] = {}     # each request's pending draft distributions [n, V]
 
     def observe(self, slot: int, rid: str, finals: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
         "Run the MTP layer on committed positions `p` with the target's streams and tokens `ids[p + 1]`."
@@ -152,4 +203,15 @@ class MTPProposer:
                 logits = lg[-1]
             tok, q = draft_sample(logits, params, seed, P + k + 1)
             toks.append(tok); qs.append(q)
-        return toks, torch.stack(qs)
+        self.q[rid] = torch.stack(qs)
+        return toks, self.q[rid]
+
+    def draft_probs(self, reqs: list, K: int) -> torch.Tensor:
+        "`[R, K, V]`: each request's pending draft distributions, zero-padded to `K` rows (all zero without drafts)."
+        none = torch.zeros(0, self.mtp.cfg.vocab_size, device=self.ring.pos.device)
+        q = [self.q.get(r.request_id, none)[:K] for r in reqs]
+        return torch.stack([torch.nn.functional.pad(x, (0, 0, 0, K - len(x))) for x in q])
+
+    def forget(self, rid: str) -> None:
+        "A finished or aborted request's MTP state and draft distributions are dropped."
+        self.q.pop(rid, None); self.last.pop(rid, None)

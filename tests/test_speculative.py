@@ -72,7 +72,8 @@ class Oracle:
 
 def _patch_oracle(llm, full_seqs):
     llm.runner.proposer.propose = Oracle(full_seqs, llm.model.cfg.vocab_size)
-    llm.runner.proposer.propose_greedy = None           # no batched drafter: every round asks the oracle
+    llm.runner.proposer.propose_greedy = llm.runner.proposer.propose_sampled = None   # no batched drafter: every
+    # round asks the oracle
 
 
 @pytest.mark.parametrize("method,K", [("dspark", 1), ("dspark", 3), ("dspark", 7), ("mtp", 2), ("mtp", 5)])
@@ -110,7 +111,7 @@ def test_scripted_accept_pattern(ck7):
         return toks, torch.nn.functional.one_hot(torch.tensor(toks), V).float()
 
     spec.runner.proposer.propose = propose
-    spec.runner.proposer.propose_greedy = None          # every round goes through the scripted proposer
+    spec.runner.proposer.propose_greedy = spec.runner.proposer.propose_sampled = None   # every round: the script
     assert _ids(spec.generate([prompt], sp, use_tqdm=False))[0] == ref
     st = spec.spec_stats()
     assert (st["num_drafts"], st["num_draft_tokens"], st["num_accepted_tokens"]) == (3, 5 + 3 + 2, 5 + 0 + 2)
