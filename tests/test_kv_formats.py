@@ -162,6 +162,24 @@ def test_fp8_draft_head_bound_and_lossless(tiny_ckpt):
     assert a == b and spec.spec_stats()["num_drafts"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="the FP8 GEMM path needs FP8 tensor cores")
+def test_fp8_draft_head_scaled_mm_on_the_gpu():
+    """On an FP8 GPU the head is `torch._scaled_mm` with e4m3 activations: within the bound of both roundings (weight
+    and activation, 2⁻⁴ of each product's size each) plus the bf16 output's, and it really takes that path."""
+    from dspark.drafter import RowwiseFP8Head
+    g = torch.Generator().manual_seed(0)
+    W = (torch.randn(4112, 256, generator=g) * 0.05).cuda().bfloat16()
+    head = RowwiseFP8Head(W)
+    assert head.scaled_mm
+    for M in (1, 5, 37, 320):
+        x = torch.randn(M, 256, generator=g).cuda().bfloat16()
+        exact = x.float() @ W.float().T
+        bound = 2**-3 * (x.abs().float() @ W.abs().float().T) + 2**-8 * exact.abs() + 1e-4
+        got = head(x)
+        assert got.shape == (M, 4112) and ((got - exact).abs() <= bound).all()
+
+
 def test_serve_flags(tiny_ckpt):
     from dspark.serve import parse_args, resolve
     a = parse_args(["--model", str(tiny_ckpt), "--device", "cpu"], env={"DSPARK_KV_CACHE_DTYPE": "fp8"})
