@@ -75,7 +75,8 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
               # would make every step score 256K columns)
               kv_cache_memory_bytes=kv_bytes)
     sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
-    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    # warm-up with the run's own settings: a sampled run's first draw compiles its kernels, which must not be timed
+    llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0), use_tqdm=False)
     before = llm.spec_stats()
     _sync(device); t0 = time.perf_counter()
     ids = [llm.add_request(p, sp) for p, sp in zip(prompts, sps)]
