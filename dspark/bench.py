@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,36 +64,50 @@ def prefill_flops(cfg: ModelConfig, L: int) -> float:
     return dense + attn
 
 # %% ../nbs/24_bench.ipynb #e89c2e28
+def _timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, device: str):
+    "One batch of requests to the end: wall seconds, per-step (seconds, prefilling) when `per_step`, and the outputs."
+    _sync(device); t0 = time.perf_counter()
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, sps)]
+    steps = []
+    while llm.has_unfinished_requests():
+        s0 = time.perf_counter()
+        llm.step()
+        if per_step:               # a sync after every step serialises host and device: only for the step time
+            _sync(device)
+            prefilling = any(r.num_computed < len(r.prompt_ids) for r in llm.scheduler.running) or bool(llm.scheduler.waiting)
+            steps.append((time.perf_counter() - s0, prefilling))
+    _sync(device)
+    return time.perf_counter() - t0, steps, [llm.pop_output(i) for i in ids]
+
 def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, max_tokens: int, device: str,
                dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False,
-               temperature: float = 0.0) -> dict:
+               temperature: float = 0.0, repeats: int = 3) -> dict:
     """Throughput, decode step time and acceptance of `len(prompts)` concurrent requests: greedy, or sampled at
-    `temperature` (request `i` seeded with `i`, so a run is reproducible)."""
+    `temperature` (request `i` seeded with `i`, so a run is reproducible). Throughput is the median of `repeats`
+    runs of the batch, timed end to end; the step time comes from one more run that syncs after every step."""
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
               enforce_eager=eager,
               max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 2 * len(prompts) * 8),
               max_model_len=max(len(p) for p in prompts) + max_tokens + (k or 0) + 8,   # what the run needs: the
               # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
               # would make every step score 256K columns)
-              kv_cache_memory_bytes=kv_bytes)
+              kv_cache_memory_bytes=kv_bytes,
+              enable_prefix_caching=False)   # the repeats (and the warm-up) send the same prompts: a decode
+              # benchmark must not measure prefix-cache hits
     sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
     # warm-up with the run's own settings: a sampled run's first draw compiles its kernels, which must not be timed
     llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0), use_tqdm=False)
     before = llm.spec_stats()
-    _sync(device); t0 = time.perf_counter()
-    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, sps)]
-    steps = []
-    while llm.has_unfinished_requests():
-        s0 = time.perf_counter()
-        llm.step(); _sync(device)
-        prefilling = any(r.num_computed < len(r.prompt_ids) for r in llm.scheduler.running) or bool(llm.scheduler.waiting)
-        steps.append((time.perf_counter() - s0, prefilling))
-    wall = time.perf_counter() - t0
-    outs = [llm.pop_output(i) for i in ids]
+    walls = []
+    for _ in range(max(1, repeats)):
+        wall, _, outs = _timed_batch(llm, prompts, sps, False, device)
+        walls.append(wall)
+    _, steps, _ = _timed_batch(llm, prompts, sps, True, device)
     after = llm.spec_stats()
     drafts = after["num_drafts"] - before["num_drafts"]
     acc = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
+    wall = statistics.median(walls)
     dec = sorted(t for t, pre in steps[len(steps) // 4:] if not pre) or sorted(t for t, _ in steps)
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
@@ -99,6 +115,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
             "temperature": temperature,
             "cuda_graphs": not eager and str(device).startswith("cuda"),
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
+            "tok_s_runs": [round(n_tok / w, 1) for w in walls],
             "per_user_tok_s": round(n_tok / wall / len(prompts), 2), "steps": len(steps),
             "decode_step_ms": round(1e3 * dec[len(dec) // 2], 3),
             "mean_acceptance_length": round(1 + acc / drafts, 3) if drafts else None,
@@ -126,10 +143,10 @@ def prefill_run(path, length: int, device: str, dtype: str, backend: str = "auto
             "mfu": round(prefill_flops(cfg, length) / wall / PEAK_BF16_FLOPS, 4),
             "peak_mem_GiB": round(peak, 2) if peak is not None else None}
 
-def hf_decode_run(path, prompts: list[list[int]], max_tokens: int, device: str) -> dict:
-    "transformers' `generate` (fp32, greedy) on the same checkpoint and prompts: the baseline."
+def hf_decode_run(path, prompts: list[list[int]], max_tokens: int, device: str, dtype: str = "float32") -> dict:
+    "transformers' `generate` (greedy, in `dtype`) on the same checkpoint and prompts: the baseline."
     from transformers import DeepseekV4ForCausalLM
-    hf = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    hf = DeepseekV4ForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
     hf.generation_config.eos_token_id = None
     ids = torch.tensor(prompts, device=device)
     with torch.no_grad():
@@ -140,7 +157,7 @@ def hf_decode_run(path, prompts: list[list[int]], max_tokens: int, device: str) 
     wall = time.perf_counter() - t0
     del hf
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
-    return {"mode": "transformers", "concurrency": len(prompts), "dtype": "float32", "tokens": len(prompts) * max_tokens,
+    return {"mode": "transformers", "concurrency": len(prompts), "dtype": dtype, "tokens": len(prompts) * max_tokens,
             "wall_s": round(wall, 3), "tok_s": round(len(prompts) * max_tokens / wall, 1),
             "token_ids": out[:, ids.shape[1]:].tolist()}
 
@@ -158,8 +175,10 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
               prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False,
-              temperature: float = 0.0) -> dict:
-    "The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids."
+              temperature: float = 0.0, progress=None) -> dict:
+    """The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids.
+    `progress(line)`, if given, hears about each run as it finishes (a long sweep's partial results)."""
+    say = progress or (lambda line: None)
     cfg = load_config(Path(path) / "config.json")
     k = {"mtp": 1, "dspark": cfg.dspark_block_size} | (k or {})
     g = torch.Generator().manual_seed(0)
@@ -174,13 +193,27 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
             where = mtp_path if (m == "mtp" and mtp_path) else path
             rec["decode"].append(decode_run(where, pool[:c], None if m == "none" else m, k.get(m), max_tokens,
                                             device, dtype, backend, kv_bytes, eager, temperature))
+            r = rec["decode"][-1]
+            say(f"decode {m} C{c}: {r['tok_s']} tok/s (runs {r['tok_s_runs']}), step {r['decode_step_ms']} ms, "
+                f"acceptance {r['mean_acceptance_length']}")
     for c in hf_concurrencies:
         base = hf_decode_run(path, pool[:c], max_tokens, device)
         ours = decode_run(path, pool[:c], None, None, max_tokens, device, "float32", backend, kv_bytes, eager)
         base["ours_fp32_tok_s"] = ours["tok_s"]
         base["greedy_identical"] = sum(a == b for a, b in zip(base.pop("token_ids"), ours["token_ids"]))
+        if dtype != "float32":        # and both in the serving dtype, where transformers can run it
+            try:
+                hf = hf_decode_run(path, pool[:c], max_tokens, device, dtype)
+                mine = next((r for r in rec["decode"] if r["mode"] == "none" and r["concurrency"] == c and not temperature), None)
+                mine = mine or decode_run(path, pool[:c], None, None, max_tokens, device, dtype, backend, kv_bytes, eager)
+                base["same_dtype"] = {"dtype": dtype, "tok_s": hf["tok_s"], "ours_tok_s": mine["tok_s"]}
+            except RuntimeError as e:    # transformers 5.17's V4 mixes fp32 and bf16 operands when loaded in bf16
+                base["same_dtype"] = {"dtype": dtype, "error": f"{type(e).__name__}: {e}"[:300]}
         rec["baseline"].append(base)
-    for L in prefill: rec["prefill"].append(prefill_run(path, L, device, dtype, backend))
+        say(f"transformers C{c}: {json.dumps(base)}")
+    for L in prefill:
+        rec["prefill"].append(prefill_run(path, L, device, dtype, backend))
+        say(f"prefill {L}: {json.dumps(rec['prefill'][-1])}")
     one = next((r for r in rec["decode"] if r["mode"] == "none" and r["concurrency"] == 1), None)
     if one:
         elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
@@ -210,6 +243,12 @@ def format_table(rec: dict) -> str:
     for b in rec["baseline"]:
         lines.append(f"transformers generate C{b['concurrency']}: {b['tok_s']} tok/s vs dspark fp32 {b['ours_fp32_tok_s']} "
                      f"({b['ours_fp32_tok_s'] / b['tok_s']:.2f}x), greedy identical {b['greedy_identical']}/{b['concurrency']}")
+        if "same_dtype" in b and "error" in b["same_dtype"]:
+            lines.append(f"transformers generate in {b['same_dtype']['dtype']}: failed ({b['same_dtype']['error'][:120]})")
+        elif "same_dtype" in b:
+            d = b["same_dtype"]
+            lines.append(f"transformers generate C{b['concurrency']} in {d['dtype']}: {d['tok_s']} tok/s vs dspark "
+                         f"{d['ours_tok_s']} ({d['ours_tok_s'] / d['tok_s']:.2f}x)")
     for p in rec["prefill"]:
         lines.append(f"prefill {p['prompt_tokens']:>6} tokens: {p['tok_s']:>10.1f} tok/s, MFU {100 * p['mfu']:.2f}%, "
                      f"peak {p['peak_mem_GiB']} GiB")
@@ -267,7 +306,8 @@ def main(argv=None) -> dict:
         if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency), a.prompt_len)
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
-                    prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature)
+                    prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_table(rec))
     if a.out: Path(a.out).write_text(json.dumps(rec, indent=1))
     return rec

@@ -345,7 +345,8 @@ class LLM:
             taps = tuple(drafter.cfg.dspark_target_layer_ids) if speculative == "dspark" else ()
             self.memory = profile_memory(self.model, self._forward_for(attention_backend, device, batch_invariant),
                                          gpu_memory_utilization, max_num_batched_tokens,
-                                         max_num_seqs * (K + 1) if use_graphs else 0, self.max_model_len,
+                                         max(max_num_seqs * (K + 1), min(512, max_num_batched_tokens)) if use_graphs else 0,
+                                         self.max_model_len,
                                          block_size, cache_dtype, taps)
             budget = self.memory.kv_budget
         else: budget = self._default_budget(device, gpu_memory_utilization)
@@ -359,7 +360,8 @@ class LLM:
         self.graphs = None
         if use_graphs:
             from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
-            self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs)
+            # prefill steps up to 512 tokens replay graphs too: eagerly, a short prompt's step is all launch overhead
+            self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs, min(512, max_num_batched_tokens))
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays

@@ -18,7 +18,7 @@ import torch
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
 from .kernels_fused import qkv_rope_insert_
-from .kernels_step import compress_step_, rms_norm_fused, router_fused, swiglu_fused
+from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from .attention import Attention
 from .config import CSA, SLIDING
 from .kv_cache import PagedKVCache, SeqView, run_layers
@@ -31,8 +31,8 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView',
-           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'fast_path',
-           'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
+           'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -65,6 +65,7 @@ class StepBuffers:
     tok_pos: torch.Tensor        # [N] int32 position; -1 = padding
     slots: torch.Tensor          # [N] int64 flat window slot to write; -1 = none
     ring_slot: torch.Tensor      # [N] int64 compressor-ring slot (the cache's scratch slot for padding)
+    last: torch.Tensor           # [N] int64 the last position its request reaches in the step; -1 = padding
     window_tables: torch.Tensor  # [R, W] int32
     tables: torch.Tensor         # [R, C] int32
     block_size: int
@@ -76,7 +77,8 @@ class StepBuffers:
         blocks = math.ceil((max_pos + 1) / block_size)
         z = lambda *s, dt: torch.zeros(*s, dtype=dt, device=device)
         buf = cls(z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int32), z(max_tokens, dt=torch.int32),
-                  z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_reqs, blocks, dt=torch.int32),
+                  z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64),
+                  z(max_reqs, blocks, dt=torch.int32),
                   z(max_reqs, blocks, dt=torch.int32), block_size, max_pos)
         buf.stage = HostStage({k: getattr(buf, k) for k in STAGED})
         return buf
@@ -87,7 +89,7 @@ class StepBuffers:
                          self.block_size, self.max_pos, [])
 
 # %% ../nbs/26_cuda_graphs.ipynb #13701ad7
-STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "window_tables", "tables")
+STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "window_tables", "tables")
 
 def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
     "Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding."
@@ -97,10 +99,10 @@ def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqVie
     for i, (s, c) in enumerate(zip(seqs, chunks)):
         ps = range(s.start, s.start + len(c))
         e = k + len(ps)
-        h["tok_req"][k:e], h["tok_pos"][k:e], h["ring_slot"][k:e] = i, ps, s.slot
+        h["tok_req"][k:e], h["tok_pos"][k:e], h["ring_slot"][k:e], h["last"][k:e] = i, ps, s.slot, ps[-1]
         h["slots"][k:e] = [s.window_table[p // bs] * bs + p % bs for p in ps]
         k = e
-    h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n] = -1, -1, -1, scratch_slot
+    h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n], h["last"][k:n] = -1, -1, -1, scratch_slot, -1
     R = len(seqs)
     for name, tabs in (("window_tables", [s.window_table for s in seqs]), ("tables", [s.table for s in seqs])):
         rows = h[name]
@@ -151,12 +153,14 @@ class StepView:
     pos: torch.Tensor        # [N] int64, padding clamped to 0
     live: torch.Tensor       # [N] bool
     ring_slot: torch.Tensor  # [N] int64
+    last: torch.Tensor       # [N] int64 the last position of each token's request in the step
+    ragged: bool = False     # chunks may be longer than the rings' lookahead (a prefill step)
     angles: dict = field(default_factory=dict)   # (cos, sin) per RoPE table, computed by the first layer that uses it
 
     @classmethod
-    def of(cls, buf: StepBuffers, n: int) -> "StepView":
+    def of(cls, buf: StepBuffers, n: int, ragged: bool = False) -> "StepView":
         meta = buf.meta(n)
-        return cls(meta, meta.tok_pos.long().clamp(min=0), meta.tok_pos >= 0, buf.ring_slot[:n])
+        return cls(meta, meta.tok_pos.long().clamp(min=0), meta.tok_pos >= 0, buf.ring_slot[:n], buf.last[:n], ragged)
 
     def rope(self, inv: torch.Tensor, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin at the step's positions for a layer's table. A model has two tables (`rope_inv_freq`: sliding,
@@ -173,8 +177,15 @@ class StepView:
 def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,
                     index: bool, sim: bool) -> None:
     """One compressor's update for the step: the one-launch `kernels_step.compress_step_` for BF16/FP32 caches,
-    else (FP8 rows, or the simulated quantisation) `compress_tokens` + `store_entries`, which quantise the entries."""
+    else (FP8 rows, or the simulated quantisation) `compress_tokens` + `store_entries`, which quantise the entries.
+    A ragged step (chunks longer than the ring's lookahead) takes `compress_chunks_`, which reads the step's own
+    earlier rows from its projections and keeps only each request's last ring-full; it has no quantising variant."""
     meta = st.meta
+    if st.ragged:
+        if sim: raise ValueError("a ragged (prefill) graph step cannot quantise compressed entries; such steps run eagerly")
+        compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, st.ring_slot, st.last, meta.tables, ring, pool, inv,
+                         meta.block_size, cache.scratch_slot)
+        return
     if not sim:
         compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
                        pool, comp.norm.weight, inv, comp.ratio, comp.overlap, meta.block_size, comp.norm.eps)
@@ -227,16 +238,20 @@ class StepOutputs:
 @torch.no_grad()
 def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: tuple[int, ...] = (),
                    finals: bool = False, mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head),
-                   context: Callable | None = None) -> StepOutputs:
+                   context: Callable | None = None, ragged: bool = False,
+                   logits_out: torch.Tensor | None = None) -> StepOutputs:
     """The target forward of the first `n` rows of `buf` (padding included): no host synchronisation, fixed shapes.
-    `context(ring_slot [n], live [n], features [n, m·D], pos [n])`, if given, consumes the tapped features inside
-    the step (the DSpark context-ring update: `DSparkProposer.write_context`)."""
-    cfg, st = model.cfg, StepView.of(buf, n)
+    `context(ring_slot [n], live [n], features [n, m·D], pos [n], last)`, if given, consumes the tapped features
+    inside the step (the DSpark context-ring update: `DSparkProposer.write_context`); `last` is `None` unless the
+    step is `ragged` (chunks of any length: a prefill), when it is each token's request's last position in the
+    step. `logits_out [≥ n, V]`: write the logits there (graphs that share it keep no logits of their own)."""
+    cfg, st = model.cfg, StepView.of(buf, n, ragged)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
     x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
     feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
-    if context is not None: context(st.ring_slot, st.live, feats, st.pos)
+    if context is not None: context(st.ring_slot, st.live, feats, st.pos, st.last if ragged else None)
     logits = model.head_logits(mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
+    if logits_out is not None: logits = logits_out[:n].copy_(logits)
     return StepOutputs(logits, feats, x[0] if finals else None)
 
 # %% ../nbs/26_cuda_graphs.ipynb #5ce9597a
@@ -247,6 +262,14 @@ def bucket_sizes(max_tokens: int) -> list[int]:
         out.append(n)
         n = n * 2 if n < 8 else n + 8 if n < 64 else n + 32
     return out + [max_tokens]
+
+def ragged_bucket_sizes(max_tokens: int) -> list[int]:
+    "Token-count buckets of the ragged (prefill) graphs up to `max_tokens` (included): 16, 32, 48, 64, then ×1.5."
+    out, n = [], 16
+    while n < max_tokens:
+        out.append(n)
+        n = n + 16 if n < 64 else n * 3 // 2
+    return out + [max_tokens] if max_tokens > 0 else []
 
 # %% ../nbs/26_cuda_graphs.ipynb #f7063f84
 def fast_path(model) -> tuple[Callable, Callable, Callable]:
@@ -291,7 +314,7 @@ class GraphRunner:
     "The engine's target forward: a CUDA-graph replay where the step allows one, else `eager`."
     def __init__(self, model, cache: PagedKVCache, eager: Callable, max_num_seqs: int, lookahead: int,
                  max_model_len: int, taps: tuple[int, ...] = (), finals: bool = False, capture: bool = True,
-                 context: Callable | None = None):
+                 context: Callable | None = None, ragged_tokens: int = 0):
         self.model, self.cache, self.taps, self.finals, self.context = model, cache, tuple(taps), finals, context
         self.mhc = fast_path(model)
         self.eager = functools.partial(eager, mhc=self.mhc)    # prefill gets the fused mHC too
@@ -304,16 +327,25 @@ class GraphRunner:
                         "token and copies %d-block tables; set max_model_len to what you serve", max_model_len,
                         self.max_pos // max(1, model.cfg.csa_ratio), math.ceil(self.max_pos / cache.cc.block_size))
         dev = model.embed.weight.device
-        self.buf = StepBuffers.allocate(self.max_tokens, max_num_seqs, self.max_pos, cache.cc.block_size, dev)
+        # ragged (prefill) graphs compress with `compress_chunks_`, which has no quantising variant
+        quantised = cache.cc.fp8 or any(getattr(m, "qat", False) for m in model.modules() if isinstance(m, Attention))
+        self.ragged_sizes = [] if quantised else ragged_bucket_sizes(ragged_tokens)
+        rows = max([self.max_tokens] + self.ragged_sizes)
+        self.buf = StepBuffers.allocate(rows, max_num_seqs, self.max_pos, cache.cc.block_size, dev)
         self.sizes = bucket_sizes(self.max_tokens)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
+        self.ragged: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
+        # every ragged graph writes its logits into this one buffer: a prefill graph per bucket keeps none of its own
+        self.ragged_logits = (torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=dev)
+                              if self.ragged_sizes else None)
         self.replays = self.eager_steps = 0
         self.rounds = None               # a `fused_round.RoundGraphs` when a DSpark draft step is captured too
         if capture: self.capture()
 
     @classmethod
-    def for_runner(cls, runner, max_num_seqs: int) -> "GraphRunner":
-        "Graphs for an engine's `ModelRunner`: its forward as the eager fallback, its proposer's taps."
+    def for_runner(cls, runner, max_num_seqs: int, ragged_tokens: int = 0) -> "GraphRunner":
+        """Graphs for an engine's `ModelRunner`: its forward as the eager fallback, its proposer's taps;
+        ragged (prefill) graphs up to `ragged_tokens` tokens."""
         pr = runner.proposer
         drafter = getattr(pr, "drafter", None) or getattr(pr, "mtp", None)
         if drafter is not None:                            # the drafter gets the same fast kernels
@@ -327,7 +359,7 @@ class GraphRunner:
         draft_bytes = free0 - _free_bytes()
         g = cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
                 runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
-                context=getattr(pr, "write_context", None))
+                context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
         g.graph_bytes += draft_bytes                       # the draft step's graphs count too
         if getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 28: verify, accept and draft in one graph
             from dspark.fused_round import RoundGraphs
@@ -337,30 +369,37 @@ class GraphRunner:
 
     def summary(self) -> str:
         rounds = f", {len(self.rounds.graphs)} fused DSpark rounds" if self.rounds else ""
+        if self.ragged: rounds += f", {len(self.ragged)} prefill steps of {self.ragged_sizes[0]}..{self.ragged_sizes[-1]} tokens"
         return (f"CUDA graphs: {len(self.graphs)} captured (steps of {self.sizes[0]}..{self.sizes[-1]} tokens{rounds}) in "
                 f"{self.capture_s:.1f} s; graph memory {self.graph_bytes / 2**20:.0f} MiB")
 
     def _pad_only(self, n: int) -> None:
-        self.buf.tok_req[:n].fill_(-1); self.buf.tok_pos[:n].fill_(-1); self.buf.slots[:n].fill_(-1)
+        self.buf.tok_req[:n].fill_(-1); self.buf.tok_pos[:n].fill_(-1); self.buf.slots[:n].fill_(-1); self.buf.last[:n].fill_(-1)
         self.buf.ring_slot[:n].fill_(self.cache.scratch_slot); self.buf.ids[:n].zero_()
 
+    def run(self, n: int, ragged: bool = False) -> StepOutputs:
+        "The step a graph of bucket `n` records (decode/verify, or `ragged`: a prefill step into the shared logits)."
+        return forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc, self.context,
+                              ragged, self.ragged_logits if ragged else None)
+
     def capture(self) -> None:
-        "Warm up, then capture one graph per bucket (largest first, one shared memory pool)."
+        "Warm up, then capture one graph per bucket (ragged ones, then the rest, largest first, one shared pool)."
         import time
         t0, free0 = time.perf_counter(), _free_bytes()
         self.pool = torch.cuda.graph_pool_handle()
-        run = lambda n: forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc, self.context)
+        plan = [(n, True) for n in self.ragged_sizes] + [(n, False) for n in self.sizes]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):                      # compile the Triton kernels, warm the allocator
-            for n in self.sizes: self._pad_only(n); run(n); run(n)
+            for n, ragged in plan: self._pad_only(n); self.run(n, ragged); self.run(n, ragged)
         torch.cuda.current_stream().wait_stream(side)
-        for n in sorted(self.sizes, reverse=True):
+        for n, ragged in sorted(plan, reverse=True):
             self._pad_only(n)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool): out = run(n)
-            self.graphs[n] = (g, out)
-        self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - _free_bytes()
+            with torch.cuda.graph(g, pool=self.pool): out = self.run(n, ragged)
+            (self.ragged if ragged else self.graphs)[n] = (g, out)
+        shared = self.ragged_logits.nbytes if self.ragged_logits is not None else 0    # allocated before `free0`
+        self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - _free_bytes() + shared
 
     def step_ms(self, n: int, reps: int = 5) -> float:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
@@ -370,23 +409,32 @@ class GraphRunner:
 
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
         "Whether a step fits a captured graph (see above)."
-        if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return False
+        return self._graphs_for(chunks, seqs, taps, finals) is not None
+
+    def _graphs_for(self, chunks, seqs, taps, finals) -> dict | None:
+        """The graphs that can run a step: the decode/verify ones when every chunk fits the rings' lookahead, the
+        ragged ones when the step is small enough, else `None` (eager)."""
+        if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return None
         W, C = self.buf.window_tables.shape[1], self.buf.tables.shape[1]
-        return (len(seqs) <= self.buf.tables.shape[0] and sum(len(c) for c in chunks) <= self.max_tokens and
-                all(1 <= len(c) <= self.max_query and s.start >= s.pooled_upto and s.start + len(c) - 1 <= self.max_pos
-                    and len(s.window_table) <= W and len(s.table) <= C for c, s in zip(chunks, seqs)))
+        if len(seqs) > self.buf.tables.shape[0] or not all(
+                1 <= len(c) and s.start >= s.pooled_upto and s.start + len(c) - 1 <= self.max_pos
+                and len(s.window_table) <= W and len(s.table) <= C for c, s in zip(chunks, seqs)): return None
+        N = sum(len(c) for c in chunks)
+        if N <= self.max_tokens and all(len(c) <= self.max_query for c in chunks): return self.graphs
+        return self.ragged if self.ragged and N <= self.ragged_sizes[-1] else None
 
     def __call__(self, model, cache, chunks: list[torch.Tensor], seqs: list[SeqView], taps: tuple[int, ...] = (),
                  features: list | None = None, finals: list | None = None) -> list[torch.Tensor]:
         self.wrote_context = False
-        if model is not self.model or cache is not self.cache or not self.can_replay(chunks, seqs, taps, finals):
+        graphs = self._graphs_for(chunks, seqs, taps, finals) if model is self.model and cache is self.cache else None
+        if graphs is None:
             self.eager_steps += 1
             return self.eager(model, cache, chunks, seqs, taps, features, finals)
         lens = [len(c) for c in chunks]
         N = sum(lens)
-        n = next(s for s in self.sizes if s >= N)
+        n = next(s for s in (self.sizes if graphs is self.graphs else self.ragged_sizes) if s >= N)
         fill_buffers(self.buf, chunks, seqs, n, cache.scratch_slot)
-        g, out = self.graphs[n]
+        g, out = graphs[n]
         g.replay()
         self.replays += 1
         self.wrote_context = self.context is not None

@@ -75,10 +75,14 @@ class DSparkProposer:
         "Before a step whose forward writes the ring itself (`write_context`): the slot is this request's."
         self.ctx.claim(slot, rid)
 
-    def write_context(self, slots: torch.Tensor, live: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor) -> None:
+    def write_context(self, slots: torch.Tensor, live: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
+                      last: torch.Tensor | None = None) -> None:
         """Inside a captured target step: every live token's context rows into its request's ring (verified or
         not, see `DraftContext`), padding rows into the scratch ring. Device tensors only, so it is capturable;
-        it replaces `observe`/`observe_many` for the steps a graph runs."""
+        it replaces `observe`/`observe_many` for the steps a graph runs. `last` (a prefill step's chunks may be
+        longer than the ring): each token's request's last position in the step; only the newest ring-full of
+        each request is written, so no two tokens of a request race for one place."""
+        if last is not None: live = live & (positions > last - self.ctx.size)
         self.ctx.insert_many(torch.where(live, slots, self.ctx.scratch), feats, positions)
 
     def propose(self, slot: int, rid: str, anchor: int, P: int, n: int, params, seed: int):

@@ -13,37 +13,46 @@ from dspark.sampling import SamplingParams
 class EagerReplay:
     "A captured graph's stand-in: `replay()` reruns the step and copies into the outputs of the first run."
     def __init__(self, run, out):
-        self.run, self.out = run, out
+        self.run, self.out, self.replays = run, out, 0
 
     def replay(self) -> None:
         new = self.run()
+        self.replays += 1
         for name in ("logits", "features", "finals"):
             if getattr(self.out, name) is not None: getattr(self.out, name).copy_(getattr(new, name))
 
 
-def emulate_graphs(llm, max_num_seqs: int) -> GraphRunner:
+def emulate_graphs(llm, max_num_seqs: int, ragged_tokens: int = 0) -> GraphRunner:
+    "The engine's GraphRunner with every bucket's graph (decode/verify, and ragged up to `ragged_tokens`) emulated."
     r, pr = llm.runner, llm.runner.proposer
-    g = GraphRunner(r.model, r.cache, r.forward, max_num_seqs, r.cache.cc.lookahead, r.max_model_len, taps=pr.taps,
-                    capture=False, context=pr.write_context)
-    for n in g.sizes:
-        run = lambda n=n: forward_static(g.model, g.cache, g.buf, n, g.taps, g.finals, g.mhc, g.context)
-        g._pad_only(n)
-        g.graphs[n] = (EagerReplay(run, run()), None)
-        g.graphs[n] = (g.graphs[n][0], g.graphs[n][0].out)
+    g = GraphRunner(r.model, r.cache, r.forward, max_num_seqs, r.cache.cc.lookahead, r.max_model_len,
+                    taps=pr.taps if pr else (), finals=bool(pr and pr.final), capture=False,
+                    context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
+    for graphs, sizes, ragged in ((g.graphs, g.sizes, False), (g.ragged, g.ragged_sizes, True)):
+        for n in sizes:
+            g._pad_only(n)
+            run = lambda n=n, ragged=ragged: g.run(n, ragged)
+            rep = EagerReplay(run, run())
+            graphs[n] = (rep, rep.out)
     r.forward = llm.graphs = g
     return g
 
 
-@pytest.mark.parametrize("max_tokens", [24])
-def test_in_graph_context_ring_matches_observe(tiny_ckpt, max_tokens, monkeypatch):
+def use_references(monkeypatch) -> None:
+    "The kernels' torch references inside the emulated graphs: the plumbing is under test, not Triton."
     import dspark.graphs as G
     from dspark.kernels_attention import indexer_topk_ref, sparse_attention_ref
     from dspark.kernels_fused import qkv_rope_insert_ref
     def rope_insert_(q, *a, **k):                                       # the kernel's contract: Q rewritten in place
         out = qkv_rope_insert_ref(q, *a, **k); q.copy_(out[0]); return out
-    monkeypatch.setattr(G, "sparse_attention", sparse_attention_ref)    # the kernels' torch references: the ring
-    monkeypatch.setattr(G, "indexer_topk", indexer_topk_ref)            # plumbing is under test, not Triton
+    monkeypatch.setattr(G, "sparse_attention", sparse_attention_ref)
+    monkeypatch.setattr(G, "indexer_topk", indexer_topk_ref)
     monkeypatch.setattr(G, "qkv_rope_insert_", rope_insert_)
+
+
+@pytest.mark.parametrize("max_tokens", [24])
+def test_in_graph_context_ring_matches_observe(tiny_ckpt, max_tokens, monkeypatch):
+    use_references(monkeypatch)
     prompts = [list(range(5, 21)), list(range(30, 37))]
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outs, stats, drafts = [], [], []
@@ -81,3 +90,48 @@ def test_ring_keeps_the_window_below_rejected_rows(tiny_ckpt):
     after = ctx.gather(0, P)
     assert all(torch.equal(torch.sort(a, 0).values, torch.sort(b, 0).values) for a, b in zip(before, after))
     assert len(after[0]) == w
+
+
+
+@pytest.mark.parametrize("speculative", [None, "dspark", "mtp"])
+def test_prefill_graphs_match_eager_prefill(tiny_ckpt, tmp_path, speculative, monkeypatch):
+    """Every step replayed, prefill chunks included (ragged graphs): an 80-token prompt is longer than the
+    compressor rings and the DSpark context ring (w + γ = 69), and a 96-token step budget makes the second prompt's
+    prefill resume in a later step. Tokens, drafts and acceptance must equal the eager engine's."""
+    use_references(monkeypatch)
+    ckpt = dspark.make_tiny_checkpoint(tmp_path, seed=3, drafter="mtp") if speculative == "mtp" else tiny_ckpt
+    prompts = [list(range(5, 85)), list(range(100, 131))]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs, stats = [], []
+    for emulate in (False, True):
+        llm = dspark.LLM(ckpt, speculative=speculative, max_num_seqs=2, max_model_len=128, max_num_batched_tokens=96,
+                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+        if emulate: g = emulate_graphs(llm, 2, ragged_tokens=96)
+        o = llm.generate(prompts, sp, use_tqdm=False)
+        outs.append([x.outputs[0].token_ids for x in o]); stats.append(llm.spec_stats() if speculative else None)
+    ragged = sum(rep.replays for rep, _ in g.ragged.values())
+    assert g.ragged_sizes == [16, 32, 48, 64, 96] and g.eager_steps == 0 and ragged >= 2   # both prefill steps replayed
+    assert outs[0] == outs[1]
+    assert stats[0] == stats[1]
+
+
+def test_prefill_context_write_has_one_writer_per_ring_place(tiny_ckpt):
+    """A prefill step's chunk may be longer than the context ring (w + γ): inside a graph the scatter of duplicate
+    places has no order, so `write_context` must write only each request's newest ring-full."""
+    llm = dspark.LLM(tiny_ckpt, speculative="dspark", max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20)
+    pr = llm.runner.proposer
+    ctx, D = pr.ctx, llm.model.cfg.hidden_size * len(pr.taps)
+    n = ctx.size + 30                                     # request 0: 0..n-1 in one step; request 1: 3 tokens
+    pos = torch.cat([torch.arange(n), torch.arange(40, 43), torch.zeros(2, dtype=torch.long)])
+    slots = torch.tensor([0] * n + [1] * 3 + [ctx.scratch] * 2)
+    live = torch.tensor([True] * (n + 3) + [False] * 2)
+    last = torch.tensor([n - 1] * n + [42] * 3 + [-1] * 2)
+    seen = []
+    real = ctx.insert_many
+    ctx.insert_many = lambda s, f, p: (seen.append((s.clone(), p.clone())), real(s, f, p))
+    for r in (0, 1): ctx.claim(r, f"r{r}")
+    pr.write_context(slots, live, torch.randn(len(pos), D), pos, last)
+    s, p = seen[0]
+    places = [(int(a), int(b) % ctx.size) for a, b in zip(s, p) if a != ctx.scratch]
+    assert len(places) == len(set(places)) == ctx.size + 3
+    assert sorted(ctx.pos[0].tolist()) == list(range(n - ctx.size, n)) and sorted(ctx.pos[1].tolist())[-3:] == [40, 41, 42]
