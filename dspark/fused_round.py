@@ -121,7 +121,7 @@ class RoundGraphs:
         R = len(chunks)
         b = self.bucket(R)
         if b is None or not self.graphs or any(k != 1 for k in known) or self.width > self.pr.ctx.w: return False
-        if not self.g.can_replay(chunks, seqs, self.g.taps, None): return False
+        if self.g._graphs_for(chunks, seqs, self.g.taps, None) is not self.g.graphs: return False   # a decode/verify step
         N = sum(len(c) for c in chunks)
         return not compact or b * self.width <= next(s for s in self.g.sizes if s >= N)
 

@@ -66,6 +66,7 @@ class StepBuffers:
     slots: torch.Tensor          # [N] int64 flat window slot to write; -1 = none
     ring_slot: torch.Tensor      # [N] int64 compressor-ring slot (the cache's scratch slot for padding)
     last: torch.Tensor           # [N] int64 the last position its request reaches in the step; -1 = padding
+    pooled: torch.Tensor         # [N] int64 its request's `pooled_upto` (a resumed prefix's cached entries end there)
     window_tables: torch.Tensor  # [R, W] int32
     tables: torch.Tensor         # [R, C] int32
     block_size: int
@@ -78,7 +79,7 @@ class StepBuffers:
         z = lambda *s, dt: torch.zeros(*s, dtype=dt, device=device)
         buf = cls(z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int32), z(max_tokens, dt=torch.int32),
                   z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64),
-                  z(max_reqs, blocks, dt=torch.int32),
+                  z(max_tokens, dt=torch.int64), z(max_reqs, blocks, dt=torch.int32),
                   z(max_reqs, blocks, dt=torch.int32), block_size, max_pos)
         buf.stage = HostStage({k: getattr(buf, k) for k in STAGED})
         return buf
@@ -89,10 +90,11 @@ class StepBuffers:
                          self.block_size, self.max_pos, [])
 
 # %% ../nbs/26_cuda_graphs.ipynb #13701ad7
-STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "window_tables", "tables")
+STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "pooled", "window_tables", "tables")
 
 def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
-    "Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding."
+    """Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding. A
+    resumed prefix's positions below `pooled_upto` write no window rows (those blocks are cached, maybe shared)."""
     st, bs = buf.stage, buf.block_size
     st.wait()
     h, k = st.np, 0
@@ -100,9 +102,11 @@ def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqVie
         ps = range(s.start, s.start + len(c))
         e = k + len(ps)
         h["tok_req"][k:e], h["tok_pos"][k:e], h["ring_slot"][k:e], h["last"][k:e] = i, ps, s.slot, ps[-1]
-        h["slots"][k:e] = [s.window_table[p // bs] * bs + p % bs for p in ps]
+        h["pooled"][k:e] = s.pooled_upto
+        h["slots"][k:e] = [s.window_table[p // bs] * bs + p % bs if p >= s.pooled_upto else -1 for p in ps]
         k = e
     h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n], h["last"][k:n] = -1, -1, -1, scratch_slot, -1
+    h["pooled"][k:n] = 0
     R = len(seqs)
     for name, tabs in (("window_tables", [s.window_table for s in seqs]), ("tables", [s.table for s in seqs])):
         rows = h[name]
@@ -154,13 +158,15 @@ class StepView:
     live: torch.Tensor       # [N] bool
     ring_slot: torch.Tensor  # [N] int64
     last: torch.Tensor       # [N] int64 the last position of each token's request in the step
+    pooled: torch.Tensor     # [N] int64 each token's request's `pooled_upto`
     ragged: bool = False     # chunks may be longer than the rings' lookahead (a prefill step)
     angles: dict = field(default_factory=dict)   # (cos, sin) per RoPE table, computed by the first layer that uses it
 
     @classmethod
     def of(cls, buf: StepBuffers, n: int, ragged: bool = False) -> "StepView":
         meta = buf.meta(n)
-        return cls(meta, meta.tok_pos.long().clamp(min=0), meta.tok_pos >= 0, buf.ring_slot[:n], buf.last[:n], ragged)
+        return cls(meta, meta.tok_pos.long().clamp(min=0), meta.tok_pos >= 0, buf.ring_slot[:n], buf.last[:n],
+                   buf.pooled[:n], ragged)
 
     def rope(self, inv: torch.Tensor, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin at the step's positions for a layer's table. A model has two tables (`rope_inv_freq`: sliding,
@@ -179,12 +185,13 @@ def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ri
     """One compressor's update for the step: the one-launch `kernels_step.compress_step_` for BF16/FP32 caches,
     else (FP8 rows, or the simulated quantisation) `compress_tokens` + `store_entries`, which quantise the entries.
     A ragged step (chunks longer than the ring's lookahead) takes `compress_chunks_`, which reads the step's own
-    earlier rows from its projections and keeps only each request's last ring-full; it has no quantising variant."""
+    earlier rows from its projections and keeps only each request's last ring-full, and writes no entry below a
+    resumed prefix's `pooled_upto`; it has no quantising variant."""
     meta = st.meta
     if st.ragged:
         if sim: raise ValueError("a ragged (prefill) graph step cannot quantise compressed entries; such steps run eagerly")
         compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, st.ring_slot, st.last, meta.tables, ring, pool, inv,
-                         meta.block_size, cache.scratch_slot)
+                         meta.block_size, cache.scratch_slot, st.pooled)
         return
     if not sim:
         compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
@@ -375,6 +382,7 @@ class GraphRunner:
 
     def _pad_only(self, n: int) -> None:
         self.buf.tok_req[:n].fill_(-1); self.buf.tok_pos[:n].fill_(-1); self.buf.slots[:n].fill_(-1); self.buf.last[:n].fill_(-1)
+        self.buf.pooled[:n].zero_()
         self.buf.ring_slot[:n].fill_(self.cache.scratch_slot); self.buf.ids[:n].zero_()
 
     def run(self, n: int, ragged: bool = False) -> StepOutputs:
@@ -412,15 +420,16 @@ class GraphRunner:
         return self._graphs_for(chunks, seqs, taps, finals) is not None
 
     def _graphs_for(self, chunks, seqs, taps, finals) -> dict | None:
-        """The graphs that can run a step: the decode/verify ones when every chunk fits the rings' lookahead, the
-        ragged ones when the step is small enough, else `None` (eager)."""
+        """The graphs that can run a step: the decode/verify ones when every chunk fits the rings' lookahead (and
+        none resumes a cached prefix), the ragged ones when the step is small enough, else `None` (eager)."""
         if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return None
         W, C = self.buf.window_tables.shape[1], self.buf.tables.shape[1]
         if len(seqs) > self.buf.tables.shape[0] or not all(
-                1 <= len(c) and s.start >= s.pooled_upto and s.start + len(c) - 1 <= self.max_pos
+                1 <= len(c) and s.start + len(c) - 1 <= self.max_pos
                 and len(s.window_table) <= W and len(s.table) <= C for c, s in zip(chunks, seqs)): return None
         N = sum(len(c) for c in chunks)
-        if N <= self.max_tokens and all(len(c) <= self.max_query for c in chunks): return self.graphs
+        if (N <= self.max_tokens and all(len(c) <= self.max_query for c in chunks)
+                and all(s.start >= s.pooled_upto for s in seqs)): return self.graphs
         return self.ragged if self.ragged and N <= self.ragged_sizes[-1] else None
 
     def __call__(self, model, cache, chunks: list[torch.Tensor], seqs: list[SeqView], taps: tuple[int, ...] = (),

@@ -107,7 +107,7 @@ def qkv_rope_insert_ref(q, cos, sin, eps, kv=None, kv_weight=None, window_cache=
 
 # %% ../nbs/20_kernels_fused.ipynb #c07555a1
 def _compress_per_request(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache, inv: torch.Tensor, sim: bool) -> None:
-    "The compressors request by request, with the reference code (FP8 or simulated entries, resumed prefixes)."
+    "The compressors request by request, with the reference code (FP8 or simulated entries)."
     r, a = attn.compressor.ratio, 0
     for s, n in zip(seqs, meta.lens):
         xs, a = x[None, a:a + n], a + n
@@ -118,16 +118,17 @@ def _compress_per_request(attn, layer_id: int, x: torch.Tensor, seqs, meta: Batc
                 attn.indexer.compressor, xs, s.start, cache.index_rings[layer_id], s.slot, inv, s.pooled_upto),
                 r, index=True, sim=sim)
 
-def step_slots(seqs, meta: BatchMeta, scratch_slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-    "Per token: its request's ring slot (the scratch slot for padding) and its request's last position in the step."
+def step_slots(seqs, meta: BatchMeta, scratch_slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token: its request's ring slot (the scratch slot for padding), its request's last position in the step,
+    and its request's `pooled_upto` (a resumed prefix: entries below it are cached)."""
     pad = len(meta.tok_pos) - sum(meta.lens)
-    slots = [s.slot for s, n in zip(seqs, meta.lens) for _ in range(n)] + [scratch_slot] * pad
-    last = [s.start + n - 1 for s, n in zip(seqs, meta.lens) for _ in range(n)] + [-1] * pad
+    per = lambda f, fill: [f(s, n) for s, n in zip(seqs, meta.lens) for _ in range(n)] + [fill] * pad
     t = lambda v: torch.tensor(v, dtype=torch.long, device=meta.tok_pos.device)
-    return t(slots), t(last)
+    return (t(per(lambda s, n: s.slot, scratch_slot)), t(per(lambda s, n: s.start + n - 1, -1)),
+            t(per(lambda s, n: s.pooled_upto, 0)))
 
 def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache,
-                 slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Layer `layer_id` attention for a ragged batch `x [N, D]` (tokens in `meta` order), reading and extending `cache`.
     `slots`: `step_slots` of the step, when the caller computed them once for every layer."""
     cfg, N = attn.cfg, x.shape[0]
@@ -144,16 +145,17 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        if sim or any(s.pooled_upto > s.start for s in seqs):   # quantised entries, or a cached prefix still pooling
+        if sim:                                              # quantised entries: the reference code
             _compress_per_request(attn, layer_id, x, seqs, meta, cache, inv, sim)
         else:                                                # every request at once (chapter 27's kernel)
             from dspark.kernels_step import compress_chunks_
-            ring_slot, last = slots or step_slots(seqs, meta, cache.scratch_slot)
+            ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
             comps = [(attn.compressor, cache.rings, cache.entries)]
             if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys))
             for comp, rings, pools in comps:
                 compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, ring_slot, last, meta.tables, rings[layer_id],
-                                 pools[layer_id], inv, meta.block_size, cache.scratch_slot)
+                                 pools[layer_id], inv, meta.block_size, cache.scratch_slot,
+                                 floor if any(s.pooled_upto > s.start for s in seqs) else None)
         entries = cache.entries[layer_id]
         if attn.kind == CSA:
             ix = attn.indexer

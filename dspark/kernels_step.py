@@ -56,10 +56,10 @@ def _online(kv, sc, m, l, acc):
 
 @triton.jit
 def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, req_ptr, pos_ptr, tab_ptr, pool_ptr,
-                          w_ptr, inv_ptr, eps, block_size, s_proj, s_rslot, s_rrow, s_tab, s_pblk, s_prow,
+                          w_ptr, inv_ptr, floor_ptr, eps, block_size, s_proj, s_rslot, s_rrow, s_tab, s_pblk, s_prow,
                           RATIO: tl.constexpr, R: tl.constexpr, D: tl.constexpr, W: tl.constexpr, SPAN: tl.constexpr,
-                          R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+                          R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr, HAS_FLOOR: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     if p >= 0:                                                    # padding rows do nothing
@@ -71,7 +71,9 @@ def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, r
         if WRITE_RING:
             tl.store(rkv_ptr + slot * s_rslot + (p % R) * s_rrow + cw, kv_row, mask=cw < W)
             tl.store(rsc_ptr + slot * s_rslot + (p % R) * s_rrow + cw, sc_row, mask=cw < W)
-        if (p + 1) % RATIO == 0:                                  # this token completes a window
+        fl = p * 0                                                # entries starting below `fl` are cached already
+        if HAS_FLOOR: fl = tl.load(floor_ptr + t).to(tl.int64)
+        if ((p + 1) % RATIO == 0) & (p + 1 - RATIO >= fl):        # this token completes a new window
             r_t = tl.load(req_ptr + t)
             h = tl.arange(0, BLOCK_H)
             hm = h < D // 2
@@ -105,14 +107,16 @@ def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, r
 def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor],
                    ring_slot: torch.Tensor, tok_req: torch.Tensor, tok_pos: torch.Tensor, tables: torch.Tensor,
                    pool: torch.Tensor, norm_weight: torch.Tensor, inv_freq: torch.Tensor, ratio: int, overlap: bool,
-                   block_size: int, eps: float, write_ring: bool = True) -> None:
+                   block_size: int, eps: float, write_ring: bool = True, floor: torch.Tensor | None = None) -> None:
     """One compressor's update for a step's tokens, in one launch. `kv`, `score`: the projections `[N, width]`
     (any float dtype; `ape` not yet added); `ring`: the (values, scores) rings `[slots, R, width]` fp32;
     `ring_slot`, `tok_req`, `tok_pos`: `[N]` (position −1 marks padding); `tables [reqs, C]` the compressed
     group's block tables; `pool [blocks, block_size / ratio, dim]` the entries (or indexer keys) in the cache's
     dtype. Writes the rings and the entries of completed windows; returns nothing (graph-capturable).
     `write_ring=False` leaves the rings as they are: Triton's CPU interpreter runs programs in order, so only
-    with it can a test show that rows of this step are read from the projections, not the ring."""
+    with it can a test show that rows of this step are read from the projections, not the ring. `floor [N]`
+    (int64): a resumed prefix's `pooled_upto` per token; windows starting below it are in the cache already,
+    possibly in blocks other requests share, and are not written again."""
     N, width = kv.shape
     dim = width // (2 if overlap else 1)
     if N == 0: return
@@ -125,23 +129,26 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
     R2 = inv_freq.numel()
     span = (2 if overlap else 1) * ratio
     _compress_step_kernel[(N,)](
-        kv, score, ape, ring[0], ring[1], ring_slot, tok_req, tok_pos, tables, pool, norm_weight, inv_freq, eps,
+        kv, score, ape, ring[0], ring[1], ring_slot, tok_req, tok_pos, tables, pool, norm_weight, inv_freq,
+        tok_pos if floor is None else floor, eps,
         block_size, kv.stride(0), ring[0].stride(0), ring[0].stride(1), tables.stride(0), pool.stride(0), pool.stride(1),
         RATIO=ratio, R=ring[0].shape[1], D=dim, W=width, SPAN=span, R2=R2, OVERLAP=overlap, WRITE_RING=write_ring,
+        HAS_FLOOR=floor is not None,
         BLOCK_S=min(triton.next_power_of_2(span), 16),
         BLOCK_H=triton.next_power_of_2(dim // 2), BLOCK_W=triton.next_power_of_2(width), num_warps=4)
 
 # %% ../nbs/27_kernels_step.ipynb #f56ac6a6
 def compress_chunks_(comp, x: torch.Tensor, tok_req: torch.Tensor, tok_pos: torch.Tensor, ring_slot: torch.Tensor,
                      last: torch.Tensor, tables: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor], pool: torch.Tensor,
-                     inv_freq: torch.Tensor, block_size: int, scratch_slot: int) -> None:
+                     inv_freq: torch.Tensor, block_size: int, scratch_slot: int, floor: torch.Tensor | None = None) -> None:
     """One compressor's update for a ragged step of any chunk lengths: `x [N, D]` the step's hidden states,
     `tok_req`, `tok_pos`, `ring_slot` per token (position −1: padding), `last [N]` the last position of each
     token's request in this step. Entries of completed windows go to `pool`; the ring keeps each request's
-    last `R` positions (other rows are aimed at `scratch_slot`'s ring). No host synchronisation."""
+    last `R` positions (other rows are aimed at `scratch_slot`'s ring). No host synchronisation. `floor`: see
+    `compress_step_` (a resumed prefix recomputes positions below its `pooled_upto` for the rings only)."""
     kv, score = comp.wkv(x), comp.wgate(x)
     compress_step_(kv, score, comp.ape, ring, ring_slot, tok_req, tok_pos, tables, pool, comp.norm.weight, inv_freq,
-                   comp.ratio, comp.overlap, block_size, comp.norm.eps, write_ring=False)
+                   comp.ratio, comp.overlap, block_size, comp.norm.eps, write_ring=False, floor=floor)
     R, p = ring[0].shape[1], tok_pos.long()
     keep = (p >= 0) & (p > last - R)
     slot = torch.where(keep, ring_slot, scratch_slot)

@@ -135,3 +135,34 @@ def test_prefill_context_write_has_one_writer_per_ring_place(tiny_ckpt):
     places = [(int(a), int(b) % ctx.size) for a, b in zip(s, p) if a != ctx.scratch]
     assert len(places) == len(set(places)) == ctx.size + 3
     assert sorted(ctx.pos[0].tolist()) == list(range(n - ctx.size, n)) and sorted(ctx.pos[1].tolist())[-3:] == [40, 41, 42]
+
+
+@pytest.mark.parametrize("how", ["graphs", "triton"])
+def test_resumed_prefixes_match_the_reference(tiny_ckpt, how, monkeypatch):
+    """Prefix-cache hits resume a prompt a few positions before its cached end: those positions are recomputed for
+    the compressor rings, while their entries and window rows stay in the (shared) cached blocks. The ragged
+    graphs (emulated) and the eager batched Triton forward run these steps with `compress_chunks_` and a per-token
+    floor; tokens must equal the reference forward's, and the cached blocks must keep their bytes."""
+    from dspark.scheduler import block_hash
+    if how == "graphs": use_references(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    base = torch.randint(2, 512, (130,), generator=g).tolist()              # two full 64-token blocks to hit
+    prompts = [base + [7, 8, 9], base[:129] + torch.randint(2, 512, (6,), generator=g).tolist()]
+    sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    runs = {}
+    for backend in ("reference", how):
+        llm = dspark.LLM(tiny_ckpt, max_num_seqs=2, max_model_len=256, kv_cache_memory_bytes=16 * 2**20,
+                         attention_backend="reference" if backend != "triton" else "triton")
+        if backend == "graphs": emu = emulate_graphs(llm, 2, ragged_tokens=256)
+        outs = [llm.generate([base], sp, use_tqdm=False)[0].outputs[0].token_ids]
+        kv, cache = llm.scheduler.kv, llm.runner.cache
+        h0 = block_hash(None, base[:64]); hs = [h0, block_hash(h0, base[64:128])]
+        blocks = [kv.comp.lookup(h) for h in hs]
+        snap = lambda: [p[blocks].clone() for p in [*cache.entries.values(), *cache.index_keys.values()]]
+        before = snap()
+        outs += [llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]   # one by one: hits
+        assert all(torch.equal(a, b) for a, b in zip(before, snap())), "a resumed prefix rewrote its cached entries"
+        runs[backend] = (outs, llm.prefix_cache_stats())
+    assert runs[how] == runs["reference"]
+    assert runs["reference"][1]["hits"] >= 2 * 64                  # both later prompts resumed a cached prefix
+    if how == "graphs": assert emu.eager_steps == 0                 # the resumed steps replayed too

@@ -1,0 +1,34 @@
+"Prefix-cache hits on the GPU (default model, bf16): the first step of a repeated 300-token prompt (a hit that resumes before the cached end) against a miss, with graphs and with enforce_eager, for no-spec and DSpark; greedy tokens graph vs eager. OUT=. python prefix_hits.py"
+import json, os, time, statistics, torch, dspark
+from dspark.checkpoint import DEFAULT_MODEL
+from dspark.capacity_control import sweep_prompts
+from dspark.sampling import SamplingParams
+OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+prompts = sweep_prompts(DEFAULT_MODEL, 5, 300)
+sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+for mode in (None, "dspark"):
+    toks = {}
+    for eager in (False, True):
+        llm = dspark.LLM(DEFAULT_MODEL, speculative=mode, device="cuda", dtype="bfloat16", max_num_seqs=16,
+                         max_model_len=1024, kv_cache_memory_bytes=2**30, enforce_eager=eager)
+        llm.generate(prompts[4:], sp, use_tqdm=False); llm.generate(prompts[4:], sp, use_tqdm=False)   # warm: a miss, a hit
+        def first_step(p, rid):
+            llm.add_request(p, sp, request_id=rid); torch.cuda.synchronize()
+            t = time.perf_counter(); llm.step(); torch.cuda.synchronize(); ms = 1e3 * (time.perf_counter() - t)
+            while llm.has_unfinished_requests(): llm.step()
+            return ms, llm.pop_output(rid).outputs[0].token_ids
+        miss, hit, out = [], [], []
+        for i in range(4):
+            m, a = first_step(prompts[i], f"m{i}"); h, b = first_step(prompts[i], f"h{i}")
+            miss.append(m); hit.append(h); out.append((a, b))
+        g = llm.graphs
+        r = {"miss_first_step_ms": round(statistics.median(miss), 2), "hit_first_step_ms": round(statistics.median(hit), 2),
+             "hit_ms": [round(x, 2) for x in hit], "prefix_cache": llm.prefix_cache_stats(),
+             "hit_equals_miss_tokens": sum(a == b for a, b in out), "eager_steps": g.eager_steps if g else None}
+        toks[eager] = out
+        res[f"{mode or 'none'}_{'eager' if eager else 'graphs'}"] = r
+        print(mode, eager, json.dumps(r), flush=True)
+        del llm; torch.cuda.empty_cache()
+    res[f"{mode or 'none'}_graph_vs_eager_identical"] = toks[False] == toks[True]
+    print(mode, "graph == eager:", toks[False] == toks[True], flush=True)
+json.dump(res, open(OUT + "/prefix_hits.json", "w"), indent=1)
