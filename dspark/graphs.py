@@ -251,14 +251,16 @@ def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: t
     `context(ring_slot [n], live [n], features [n, m·D], pos [n], last)`, if given, consumes the tapped features
     inside the step (the DSpark context-ring update: `DSparkProposer.write_context`); `last` is `None` unless the
     step is `ragged` (chunks of any length: a prefill), when it is each token's request's last position in the
-    step. `logits_out [≥ n, V]`: write the logits there (graphs that share it keep no logits of their own)."""
+    step. `logits_out [≥ n, V]` fp32: write the logits there, so graphs that share it keep no logits of their own
+    (the head's cast to fp32 becomes the copy into it: no extra launch in bf16)."""
     cfg, st = model.cfg, StepView.of(buf, n, ragged)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
     x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
     feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
     if context is not None: context(st.ring_slot, st.live, feats, st.pos, st.last if ragged else None)
-    logits = model.head_logits(mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
-    if logits_out is not None: logits = logits_out[:n].copy_(logits)
+    h = mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg)[0]
+    if logits_out is None: logits = model.head_logits(h)
+    else: logits = logits_out[:n].copy_(model.head(model.norm(h)))   # `head_logits` outside batch-invariant mode
     return StepOutputs(logits, feats, x[0] if finals else None)
 
 # %% ../nbs/26_cuda_graphs.ipynb #5ce9597a
@@ -342,9 +344,8 @@ class GraphRunner:
         self.sizes = bucket_sizes(self.max_tokens)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         self.ragged: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
-        # every ragged graph writes its logits into this one buffer: a prefill graph per bucket keeps none of its own
-        self.ragged_logits = (torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=dev)
-                              if self.ragged_sizes else None)
+        # every graph writes its logits into this one buffer: a bucket keeps no [tokens, V] output of its own
+        self.logits = torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=dev)
         self.replays = self.eager_steps = 0
         self.rounds = None               # a `fused_round.RoundGraphs` when a DSpark draft step is captured too
         if capture: self.capture()
@@ -386,9 +387,9 @@ class GraphRunner:
         self.buf.ring_slot[:n].fill_(self.cache.scratch_slot); self.buf.ids[:n].zero_()
 
     def run(self, n: int, ragged: bool = False) -> StepOutputs:
-        "The step a graph of bucket `n` records (decode/verify, or `ragged`: a prefill step into the shared logits)."
+        "The step a graph of bucket `n` records (decode/verify, or `ragged`: a prefill step), into the shared logits."
         return forward_static(self.model, self.cache, self.buf, n, self.taps, self.finals, self.mhc, self.context,
-                              ragged, self.ragged_logits if ragged else None)
+                              ragged, self.logits)
 
     def capture(self) -> None:
         "Warm up, then capture one graph per bucket (ragged ones, then the rest, largest first, one shared pool)."
@@ -406,8 +407,8 @@ class GraphRunner:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool): out = self.run(n, ragged)
             (self.ragged if ragged else self.graphs)[n] = (g, out)
-        shared = self.ragged_logits.nbytes if self.ragged_logits is not None else 0    # allocated before `free0`
-        self.capture_s, self.graph_bytes = time.perf_counter() - t0, free0 - _free_bytes() + shared
+        self.capture_s = time.perf_counter() - t0
+        self.graph_bytes = free0 - _free_bytes() + self.logits.nbytes        # the shared logits: allocated before `free0`
 
     def step_ms(self, n: int, reps: int = 5) -> float:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
