@@ -229,18 +229,23 @@ class ModelRunner:
         if room > 0: r.drafts, _ = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
 
     def _propose_all(self, pending: list, ready: dict | None = None) -> None:
-        """Propose for every verified request: in one batched drafter forward when the proposer can (DSpark, at most
-        a ring's width of new positions each) — the captured greedy draft step when every request is greedy, else
-        the sampled one — and request by request otherwise. `ready`: the fused round's result, whose drafts at the
-        anchors the host has just accepted `settle` takes later."""
+        """Propose for every verified request: in one batched drafter forward for those the proposer can batch
+        (`batchable`: DSpark, at most a ring's width of new positions each; MTP, a decode or verify step's) — for
+        DSpark the captured greedy draft step when every request is greedy, else the sampled one — and request by
+        request otherwise. `ready`: the fused round's result, whose drafts at the anchors the host has just accepted
+        `settle` takes later."""
         pr = self.proposer
-        if ready is None and not (pending and callable(getattr(pr, "propose_sampled", None))
-                                  and all(m <= pr.ctx.w for _, _, m, _ in pending)):
-            for r, f, m, toks in pending: self._propose(r, f, self._positions(r, m), toks)
-            return
+        if ready is None:                      # requests the batch cannot take (a prefill's last chunk) go one by one
+            batched = callable(getattr(pr, "propose_sampled", None))
+            alone = [not (batched and pr.batchable(m)) for _, _, m, _ in pending]
+            for (r, f, m, toks), one in zip(pending, alone):
+                if one: self._propose(r, f, self._positions(r, m), toks)
+            pending = [p for p, one in zip(pending, alone) if not one]
+            if not pending: return
         if not self.observed and pending:
             pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
-                            [self._positions(r, m) for r, _, m, _ in pending])
+                            [self._positions(r, m) for r, _, m, _ in pending],
+                            [r.all_ids + toks for r, *_, toks in pending] if pr.final else None)   # MTP reads the next tokens
         plan = []
         for r, _, m, toks in pending:
             P = r.num_computed + m                                  # the anchor toks[-1] sits at P

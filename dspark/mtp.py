@@ -62,6 +62,47 @@ class MTPDrafter(nn.Module):
     def step(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, ring: MTPRing, slot: int):
         """MTP positions `positions` (`[n]`, consecutive) from streams `h [n, hc, D]` and next tokens `[n]`:
         writes their window rows, returns logits `[n, V]` (each predicting position `p + 2`) and output streams."""
+        def attend(q, kv):
+            p0 = int(positions[0])
+            old, opos = ring.read(slot, max(0, p0 - self.cfg.sliding_window + 1), p0 - 1)   # earlier rows; never stale drafts
+            keys, kpos = torch.cat([old.to(kv.dtype), kv[0]]), torch.cat([opos, positions])
+            o = self._attention(q, keys, window_mask(positions, kpos, self.cfg.sliding_window))
+            n = ring.rows.shape[1]
+            ring.write(slot, kv[0, -n:], positions[-n:])
+            return o
+        return self._layer(h, next_ids, positions, attend)
+
+    @torch.no_grad()
+    def step_many(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, ring: MTPRing,
+                  slots: list[int], counts: list[int], firsts: list[int]):
+        """`step` for several requests in one forward: request `i` (ring slot `slots[i]`) brings `counts[i]`
+        consecutive positions from `firsts[i]`, laid out one request after another in `h`, `next_ids` and
+        `positions`. Keys are every request's ring rows plus the call's own rows; a mask keeps each token to its
+        own request's window, and ring rows at or after its chunk's first position (stale drafts) out of it."""
+        cfg, dev = self.cfg, h.device
+        R, n, w = len(slots), ring.rows.shape[1], cfg.sliding_window
+        req = torch.repeat_interleave(torch.arange(R, device=dev), torch.tensor(counts, device=dev))      # [T]
+        sl, first = torch.tensor(slots, device=dev), torch.tensor(firsts, device=dev)
+        last = first + torch.tensor(counts, device=dev) - 1
+        def attend(q, kv):
+            old, opos = ring.rows[sl].reshape(R * n, -1), ring.pos[sl]                     # [R·n, d], [R, n]
+            fresh = ((opos >= 0) & (opos < first[:, None])).reshape(-1)                    # rows before the chunk
+            kreq = torch.arange(R, device=dev).repeat_interleave(n)
+            vis_ring = (req[:, None] == kreq[None]) & fresh[None] & window_mask(positions, opos.reshape(-1), w)
+            vis_step = (req[:, None] == req[None]) & window_mask(positions, positions, w)
+            o = self._attention(q, torch.cat([old.to(kv.dtype), kv[0]]), torch.cat([vis_ring, vis_step], 1))
+            keep = positions > last[req] - n                  # each request's newest ring-full: one writer a place
+            ring.rows[sl[req][keep], positions[keep] % n] = kv[0][keep].to(ring.rows.dtype)
+            ring.pos[sl[req][keep], positions[keep] % n] = positions[keep]
+            return o
+        return self._layer(h, next_ids, positions, attend)
+
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        a = self.mtp[0].attn
+        return sink_attention(q, keys[None], mask[None], a.attn_sink, self.cfg.head_dim ** -0.5)
+
+    def _layer(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, attend):
+        "The NextN block around `attend(q, kv)` (which reads and writes the window rows): logits and output streams."
         cfg, st = self.cfg, self.mtp[0]
         e = st.e_proj(st.enorm(self.target.embed(next_ids)))
         x = (e.unsqueeze(1) + st.h_proj(st.hnorm(h.to(e.dtype))))[None]          # [1, n, hc, D]
@@ -69,13 +110,7 @@ class MTPDrafter(nn.Module):
         y = st.attn_norm(y)
         cos, sin = rope_cos_sin(st.attn.inv_freq.to(x.device), positions)
         q, _, kv = st.attn.qkv(y, cos, sin)
-        p0 = int(positions[0])
-        old, opos = ring.read(slot, max(0, p0 - cfg.sliding_window + 1), p0 - 1)   # earlier rows; never stale drafts
-        keys, kpos = torch.cat([old.to(kv.dtype), kv[0]]), torch.cat([opos, positions])
-        o = sink_attention(q, keys[None], window_mask(positions, kpos, cfg.sliding_window)[None],
-                           st.attn.attn_sink, cfg.head_dim ** -0.5)
-        n = ring.rows.shape[1]
-        ring.write(slot, kv[0, -n:], positions[-n:])
+        o = attend(q, kv)
         x = hc_post(st.attn.output(o, cos, sin, y.dtype), x, post, comb)
         y, post, comb = hc_pre(x, *st.site("ffn"), cfg)
         x = hc_post(st.ffn(st.ffn_norm(y)), x, post, comb)

@@ -11,7 +11,7 @@ import torch
 
 from .drafter import DSparkDrafter
 from .mtp import MTPDrafter, MTPRing
-from .sampling import RowParams, draft_sample, on_device
+from .sampling import STREAMS, RowParams, draft_sample, draw_keyed, on_device, row_probs
 
 # %% auto #0
 __all__ = ['DraftContext', 'DSparkProposer', 'MTPProposer']
@@ -113,8 +113,13 @@ class DSparkProposer:
     def forget(self, rid: str) -> None:
         "Nothing to drop: a slot's distributions are overwritten by its next owner's first proposal."
 
-    def observe_many(self, slots: list[int], rids: list[str], feats: list[torch.Tensor], positions: list[torch.Tensor]) -> None:
-        "`observe` for a whole step's verified requests (each bringing at most the ring's width of positions)."
+    def batchable(self, m: int) -> bool:
+        "Whether a request that committed `m` positions can be observed and drafted in the step's batch."
+        return m <= self.ctx.w
+
+    def observe_many(self, slots: list[int], rids: list[str], feats: list[torch.Tensor], positions: list[torch.Tensor],
+                     ids: list[list[int]] | None = None) -> None:
+        "`observe` for a whole step's verified requests (each bringing at most the ring's width of positions; `ids` unused)."
         for slot, rid in zip(slots, rids): self.ctx.claim(slot, rid)
         dev = self.ctx.pos.device
         tok_slot = torch.cat([torch.full((len(p),), s, dtype=torch.long) for s, p in zip(slots, positions)]).to(dev)
@@ -184,7 +189,7 @@ class MTPProposer:
     "MTP drafting for the engine: the MTP window ring, caught up on committed positions, then K steps."
     final, taps = True, ()
     def __init__(self, mtp: MTPDrafter, max_seqs: int, lookahead: int, device):
-        self.mtp = mtp
+        self.mtp, self.lookahead = mtp, lookahead
         self.ring = MTPRing(mtp.cfg, max_seqs, lookahead, mtp.target.embed.weight.dtype, device)
         self.last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.q: dict[str, torch.Tensor] = {}     # each request's pending draft distributions [n, V]
@@ -209,6 +214,54 @@ class MTPProposer:
             toks.append(tok); qs.append(q)
         self.q[rid] = torch.stack(qs)
         return toks, self.q[rid]
+
+    def batchable(self, m: int) -> bool:
+        """Whether a request that committed `m` positions joins the step's batched MTP forward: a decode or verify
+        step's few positions (`1 + lookahead`); a prefill's last chunk is observed on its own."""
+        return m <= 1 + self.lookahead
+
+    def observe_many(self, slots: list[int], rids: list[str], finals: list[torch.Tensor], positions: list[torch.Tensor],
+                     ids: list[list[int]]) -> None:
+        """`observe` for a step's verified requests in one MTP forward (`MTPDrafter.step_many`): request `i`'s
+        committed `positions[i]` with the target's streams `finals[i]` and next tokens from `ids[i]`."""
+        for slot, rid in zip(slots, rids): self.ring.claim(slot, rid)
+        dev = finals[0].device
+        firsts = torch.stack([p[0] for p in positions]).tolist()          # one device-to-host copy for the batch
+        counts = [len(p) for p in positions]
+        nxt = on_device([t for a, n, x in zip(firsts, counts, ids) for t in x[a + 1:a + n + 1]], torch.long, dev)
+        logits, out = self.mtp.step_many(torch.cat(finals), nxt, torch.cat(positions), self.ring, slots, counts, firsts)
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        for rid, e in zip(rids, ends): self.last[rid] = (logits[e - 1], out[e - 1:e])
+
+    def propose_rows(self, slots: list[int], rids: list[str], P: list[int], n: list[int], rp: RowParams) -> list[list[int]]:
+        """Drafts for many requests at once, each with its settings in `rp`: `max(n)` batched MTP steps, draft `k`
+        of request `i` at `P[i] + k + 1` drawn from `(seed, P[i] + k + 1, "draft")` — the streams `propose` uses, so
+        the tokens are the same. Request `i` keeps `n[i]` drafts and their distributions. One copy to the host."""
+        logits = torch.stack([self.last[rid][0] for rid in rids])
+        state = torch.cat([self.last[rid][1] for rid in rids])
+        dev, K = logits.device, max(n)
+        pos = on_device(P, torch.long, dev)
+        toks, qs = [], []
+        for k in range(K):
+            if k:      # every row steps, even past its own n: the extra ring rows sit at draft positions, never read
+                logits, state = self.mtp.step_many(state, toks[-1], pos + k - 1, self.ring, slots, [1] * len(slots),
+                                                   [p + k - 1 for p in P])
+            qs.append(row_probs(logits, rp))
+            toks.append(draw_keyed(qs[-1], rp.seed, pos + k + 1, STREAMS["draft"]))
+        q = torch.stack(qs, 1)
+        for i, rid in enumerate(rids): self.q[rid] = q[i, :n[i]]
+        return [d[:m] for d, m in zip(torch.stack(toks, 1).tolist(), n)]
+
+    def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
+        "`propose_rows` for greedy requests (the anchors are already in the MTP state)."
+        dev = self.ring.pos.device
+        return self.propose_rows(slots, rids, P, n, RowParams(torch.zeros(len(P), device=dev), torch.zeros(len(P), dtype=torch.long, device=dev),
+                                                             greedy=True))
+
+    def propose_sampled(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int],
+                        params: list, seeds: list[int]) -> list[list[int]]:
+        "`propose_rows` for requests of any sampling settings."
+        return self.propose_rows(slots, rids, P, n, RowParams.of(params, seeds, self.ring.pos.device))
 
     def draft_probs(self, reqs: list, K: int) -> torch.Tensor:
         "`[R, K, V]`: each request's pending draft distributions, zero-padded to `K` rows (all zero without drafts)."

@@ -281,3 +281,54 @@ def test_prefix_hit_shorter_than_the_drafter_window_is_not_used(ck7):
     llm = LLM(ck7, speculative="dspark", num_speculative_tokens=3, block_size=16, **KV)
     cold = _ids(llm.generate([prompt], sp, use_tqdm=False))
     assert _ids(llm.generate([prompt], sp, use_tqdm=False)) == cold
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_batched_mtp_equals_per_request_mtp(ckm, sampled):
+    """The batched MTP proposer (one `step_many` forward per step for every verified request, batched draft
+    steps) gives the same tokens, drafts and acceptance as drafting request by request: the same window rows
+    are visible to each token, and each draft is drawn from the same keyed stream."""
+    prompts = _prompts(4, seed=23)
+    sps = [SamplingParams(temperature=0.9 if sampled else 0.0, top_k=[-1, 5, -1, 20][i], top_p=[1.0, 1.0, 0.8, 1.0][i],
+                          max_tokens=20, ignore_eos=True, seed=100 + i) for i in range(4)]
+    runs = []
+    for batched in (True, False):
+        llm = LLM(ckm, speculative="mtp", num_speculative_tokens=3, **KV)
+        if not batched: llm.runner.proposer.propose_greedy = llm.runner.proposer.propose_sampled = None
+        calls = []
+        if batched:
+            real = llm.runner.proposer.observe_many
+            llm.runner.proposer.observe_many = lambda *a: (calls.append(len(a[0])), real(*a))[1]
+        runs.append((_ids(llm.generate(prompts, sps, use_tqdm=False)), llm.spec_stats()))
+        if batched: assert max(calls) == 4                       # the four requests drafted in one batch
+    assert runs[0] == runs[1]
+    assert runs[0][1]["num_drafts"] > 0
+
+
+def test_mtp_step_many_equals_step_per_request(ckm):
+    """`MTPDrafter.step_many` against `step` request by request, on rings with a history: the same logits and
+    output streams, and the same window rows left in the ring. The requests' positions overlap, so a token that
+    saw another request's rows, or a stale draft row at or past its chunk, would change its output."""
+    import copy
+    llm = LLM(ckm, speculative="mtp", num_speculative_tokens=3, **KV)
+    mtp, cfg = llm.runner.proposer.mtp, llm.model.cfg
+    ring = llm.runner.proposer.ring
+    g = torch.Generator().manual_seed(0)
+    D, hc, n = cfg.hidden_size, cfg.hc_mult, ring.rows.shape[1]
+    for s in range(3):                                     # histories: slot s holds positions up to 40 + 5s + 2
+        ring.claim(s, f"r{s}")                             # (the last rows past each chunk's start: stale drafts)
+        pos = torch.arange(0, 43 + 5 * s)
+        ring.write(s, torch.randn(len(pos), cfg.head_dim, generator=g)[-n:], pos[-n:])
+    before = copy.deepcopy(ring)
+    slots, counts, firsts = [0, 1, 2], [1, 3, 2], [41, 45, 50]
+    T = sum(counts)
+    h = torch.randn(T, hc, D, generator=g)
+    ids = torch.randint(2, cfg.vocab_size, (T,), generator=g)
+    positions = torch.cat([torch.arange(a, a + c) for a, c in zip(firsts, counts)])
+    many = mtp.step_many(h, ids, positions, ring, slots, counts, firsts)
+    one, a = [], 0
+    for s, c in zip(slots, counts):
+        one.append(mtp.step(h[a:a + c], ids[a:a + c], positions[a:a + c], before, s)); a += c
+    torch.testing.assert_close(many[0], torch.cat([o[0] for o in one]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(many[1], torch.cat([o[1] for o in one]), rtol=1e-5, atol=1e-5)
+    assert torch.equal(ring.pos, before.pos) and torch.allclose(ring.rows, before.rows, atol=1e-6)
