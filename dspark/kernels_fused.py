@@ -152,10 +152,9 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
             ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
             comps = [(attn.compressor, cache.rings, cache.entries)]
             if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys))
-            for comp, rings, pools in comps:
+            for comp, rings, pools in comps:   # always with the floor: the kernel variant the ragged graphs compile
                 compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, ring_slot, last, meta.tables, rings[layer_id],
-                                 pools[layer_id], inv, meta.block_size, cache.scratch_slot,
-                                 floor if any(s.pooled_upto > s.start for s in seqs) else None)
+                                 pools[layer_id], inv, meta.block_size, cache.scratch_slot, floor)
         entries = cache.entries[layer_id]
         if attn.kind == CSA:
             ix = attn.indexer
