@@ -186,12 +186,13 @@ def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ri
     else (FP8 rows, or the simulated quantisation) `compress_tokens` + `store_entries`, which quantise the entries.
     A ragged step (chunks longer than the ring's lookahead) takes `compress_chunks_`, which reads the step's own
     earlier rows from its projections and keeps only each request's last ring-full, and writes no entry below a
-    resumed prefix's `pooled_upto`; it has no quantising variant."""
+    resumed prefix's `pooled_upto`; with `sim` its entries go through `store_entries`, which quantises them."""
     meta = st.meta
     if st.ragged:
-        if sim: raise ValueError("a ragged (prefill) graph step cannot quantise compressed entries; such steps run eagerly")
+        store = (lambda new, done: store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, done, new, comp.ratio,
+                                                 index=index, sim=sim)) if sim else None
         compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, st.ring_slot, st.last, meta.tables, ring, pool, inv,
-                         meta.block_size, cache.scratch_slot, st.pooled)
+                         meta.block_size, cache.scratch_slot, st.pooled, store)
         return
     if not sim:
         compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
@@ -336,9 +337,7 @@ class GraphRunner:
                         "token and copies %d-block tables; set max_model_len to what you serve", max_model_len,
                         self.max_pos // max(1, model.cfg.csa_ratio), math.ceil(self.max_pos / cache.cc.block_size))
         dev = model.embed.weight.device
-        # ragged (prefill) graphs compress with `compress_chunks_`, which has no quantising variant
-        quantised = cache.cc.fp8 or any(getattr(m, "qat", False) for m in model.modules() if isinstance(m, Attention))
-        self.ragged_sizes = [] if quantised else ragged_bucket_sizes(ragged_tokens)
+        self.ragged_sizes = ragged_bucket_sizes(ragged_tokens)
         rows = max([self.max_tokens] + self.ragged_sizes)
         self.buf = StepBuffers.allocate(rows, max_num_seqs, self.max_pos, cache.cc.block_size, dev)
         self.sizes = bucket_sizes(self.max_tokens)

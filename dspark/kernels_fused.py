@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .config import CSA, SLIDING
-from .kv_cache import _compress_chunk, _store, forward_cached
+from .kv_cache import forward_cached
 from .quant import fake_quant_index, fake_quant_kv
 from .layers import apply_rope, rms_norm, rope_cos_sin
 
@@ -106,18 +106,6 @@ def qkv_rope_insert_ref(q, cos, sin, eps, kv=None, kv_weight=None, window_cache=
     return q, kv
 
 # %% ../nbs/20_kernels_fused.ipynb #c07555a1
-def _compress_per_request(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, cache, inv: torch.Tensor, sim: bool) -> None:
-    "The compressors request by request, with the reference code (FP8 or simulated entries)."
-    r, a = attn.compressor.ratio, 0
-    for s, n in zip(seqs, meta.lens):
-        xs, a = x[None, a:a + n], a + n
-        _store(cache, cache.entries[layer_id], s.table,
-               *_compress_chunk(attn.compressor, xs, s.start, cache.rings[layer_id], s.slot, inv, s.pooled_upto), r, sim=sim)
-        if attn.kind == CSA:
-            _store(cache, cache.index_keys[layer_id], s.table, *_compress_chunk(
-                attn.indexer.compressor, xs, s.start, cache.index_rings[layer_id], s.slot, inv, s.pooled_upto),
-                r, index=True, sim=sim)
-
 def step_slots(seqs, meta: BatchMeta, scratch_slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per token: its request's ring slot (the scratch slot for padding), its request's last position in the step,
     and its request's `pooled_upto` (a resumed prefix: entries below it are cached)."""
@@ -145,16 +133,17 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        if sim:                                              # quantised entries: the reference code
-            _compress_per_request(attn, layer_id, x, seqs, meta, cache, inv, sim)
-        else:                                                # every request at once (chapter 27's kernel)
-            from dspark.kernels_step import compress_chunks_
-            ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
-            comps = [(attn.compressor, cache.rings, cache.entries)]
-            if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys))
-            for comp, rings, pools in comps:   # always with the floor: the kernel variant the ragged graphs compile
-                compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, ring_slot, last, meta.tables, rings[layer_id],
-                                 pools[layer_id], inv, meta.block_size, cache.scratch_slot, floor)
+        from dspark.graphs import store_entries
+        from dspark.kernels_step import compress_chunks_       # every request at once (chapter 27's kernel)
+        ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
+        comps = [(attn.compressor, cache.rings, cache.entries, False)]
+        if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys, True))
+        pos = meta.tok_pos.long().clamp(min=0)
+        for comp, rings, pools, index in comps:   # always with the floor: the kernel variant the ragged graphs compile
+            store = (lambda new, done, pool=pools[layer_id], comp=comp, index=index: store_entries(   # quantised
+                cache, pool, meta.tables, meta.tok_req, pos, done, new, comp.ratio, index=index, sim=True)) if sim else None
+            compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, ring_slot, last, meta.tables, rings[layer_id],
+                             pools[layer_id], inv, meta.block_size, cache.scratch_slot, floor, store)
         entries = cache.entries[layer_id]
         if attn.kind == CSA:
             ix = attn.indexer

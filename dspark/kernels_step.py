@@ -7,6 +7,8 @@ Docs: https://dspark-dev.github.io/dspark/kernels_step.html.md"""
 # %% ../nbs/27_kernels_step.ipynb #9f3c616a
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -56,10 +58,11 @@ def _online(kv, sc, m, l, acc):
 
 @triton.jit
 def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, req_ptr, pos_ptr, tab_ptr, pool_ptr,
-                          w_ptr, inv_ptr, floor_ptr, eps, block_size, s_proj, s_rslot, s_rrow, s_tab, s_pblk, s_prow,
-                          RATIO: tl.constexpr, R: tl.constexpr, D: tl.constexpr, W: tl.constexpr, SPAN: tl.constexpr,
-                          R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr, HAS_FLOOR: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+                          w_ptr, inv_ptr, floor_ptr, out_ptr, eps, block_size, s_proj, s_rslot, s_rrow, s_tab, s_pblk,
+                          s_prow, s_out, RATIO: tl.constexpr, R: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+                          SPAN: tl.constexpr, R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr,
+                          HAS_FLOOR: tl.constexpr, OUT_ROWS: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     if p >= 0:                                                    # padding rows do nothing
@@ -97,17 +100,23 @@ def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, r
             ang = first.to(tl.float32) * tl.load(inv_ptr + tl.where(k >= 0, k, 0), mask=hm & (k >= 0), other=0.0)
             c, s = tl.cos(ang), tl.sin(ang)
             e, o = tl.where(k >= 0, e * c - o * s, e), tl.where(k >= 0, e * s + o * c, o)
-            blk = tl.load(tab_ptr + r_t.to(tl.int64) * s_tab + first // block_size).to(tl.int64)
-            if blk >= 0:
-                dst = pool_ptr + blk * s_pblk + ((first % block_size) // RATIO) * s_prow
-                ty = pool_ptr.dtype.element_ty
-                tl.store(dst + 2 * h, e.to(ty), mask=hm)
-                tl.store(dst + 2 * h + 1, o.to(ty), mask=hm)
+            if OUT_ROWS:                                          # the caller quantises and stores the entry
+                ty = out_ptr.dtype.element_ty
+                tl.store(out_ptr + t * s_out + 2 * h, e.to(ty), mask=hm)
+                tl.store(out_ptr + t * s_out + 2 * h + 1, o.to(ty), mask=hm)
+            else:
+                blk = tl.load(tab_ptr + r_t.to(tl.int64) * s_tab + first // block_size).to(tl.int64)
+                if blk >= 0:
+                    dst = pool_ptr + blk * s_pblk + ((first % block_size) // RATIO) * s_prow
+                    ty = pool_ptr.dtype.element_ty
+                    tl.store(dst + 2 * h, e.to(ty), mask=hm)
+                    tl.store(dst + 2 * h + 1, o.to(ty), mask=hm)
 
 def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor],
                    ring_slot: torch.Tensor, tok_req: torch.Tensor, tok_pos: torch.Tensor, tables: torch.Tensor,
                    pool: torch.Tensor, norm_weight: torch.Tensor, inv_freq: torch.Tensor, ratio: int, overlap: bool,
-                   block_size: int, eps: float, write_ring: bool = True, floor: torch.Tensor | None = None) -> None:
+                   block_size: int, eps: float, write_ring: bool = True, floor: torch.Tensor | None = None,
+                   out: torch.Tensor | None = None) -> None:
     """One compressor's update for a step's tokens, in one launch. `kv`, `score`: the projections `[N, width]`
     (any float dtype; `ape` not yet added); `ring`: the (values, scores) rings `[slots, R, width]` fp32;
     `ring_slot`, `tok_req`, `tok_pos`: `[N]` (position −1 marks padding); `tables [reqs, C]` the compressed
@@ -116,7 +125,8 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
     `write_ring=False` leaves the rings as they are: Triton's CPU interpreter runs programs in order, so only
     with it can a test show that rows of this step are read from the projections, not the ring. `floor [N]`
     (int64): a resumed prefix's `pooled_upto` per token; windows starting below it are in the cache already,
-    possibly in blocks other requests share, and are not written again."""
+    possibly in blocks other requests share, and are not written again. `out [N, dim]`: write each completing
+    token's entry to its row there instead of `pool` (an FP8 cache: the caller quantises; other rows untouched)."""
     N, width = kv.shape
     dim = width // (2 if overlap else 1)
     if N == 0: return
@@ -125,31 +135,41 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
             raise ValueError(f"{name} must be row-major like kv [N, width]")
     if ring[0].stride() != ring[1].stride() or ring[0].stride(-1) != 1 or {r.dtype for r in ring} != {torch.float32}:
         raise ValueError("the rings must be two fp32 tensors of one layout")
-    if pool.stride(-1) != 1 or pool.shape[-1] != dim: raise ValueError(f"pool rows must be {dim} wide and contiguous")
+    if out is None and (pool.stride(-1) != 1 or pool.shape[-1] != dim):
+        raise ValueError(f"pool rows must be {dim} wide and contiguous")
+    if out is not None and (out.shape != (N, dim) or out.stride(-1) != 1):
+        raise ValueError(f"out must be [{N}, {dim}] and row-major, got {tuple(out.shape)}")
     R2 = inv_freq.numel()
     span = (2 if overlap else 1) * ratio
     _compress_step_kernel[(N,)](
         kv, score, ape, ring[0], ring[1], ring_slot, tok_req, tok_pos, tables, pool, norm_weight, inv_freq,
-        tok_pos if floor is None else floor, eps,
+        tok_pos if floor is None else floor, kv if out is None else out, eps,
         block_size, kv.stride(0), ring[0].stride(0), ring[0].stride(1), tables.stride(0), pool.stride(0), pool.stride(1),
+        0 if out is None else out.stride(0),
         RATIO=ratio, R=ring[0].shape[1], D=dim, W=width, SPAN=span, R2=R2, OVERLAP=overlap, WRITE_RING=write_ring,
-        HAS_FLOOR=floor is not None,
+        HAS_FLOOR=floor is not None, OUT_ROWS=out is not None,
         BLOCK_S=min(triton.next_power_of_2(span), 16),
         BLOCK_H=triton.next_power_of_2(dim // 2), BLOCK_W=triton.next_power_of_2(width), num_warps=4)
 
 # %% ../nbs/27_kernels_step.ipynb #f56ac6a6
 def compress_chunks_(comp, x: torch.Tensor, tok_req: torch.Tensor, tok_pos: torch.Tensor, ring_slot: torch.Tensor,
                      last: torch.Tensor, tables: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor], pool: torch.Tensor,
-                     inv_freq: torch.Tensor, block_size: int, scratch_slot: int, floor: torch.Tensor | None = None) -> None:
+                     inv_freq: torch.Tensor, block_size: int, scratch_slot: int, floor: torch.Tensor | None = None,
+                     store: Callable | None = None) -> None:
     """One compressor's update for a ragged step of any chunk lengths: `x [N, D]` the step's hidden states,
     `tok_req`, `tok_pos`, `ring_slot` per token (position −1: padding), `last [N]` the last position of each
     token's request in this step. Entries of completed windows go to `pool`; the ring keeps each request's
     last `R` positions (other rows are aimed at `scratch_slot`'s ring). No host synchronisation. `floor`: see
-    `compress_step_` (a resumed prefix recomputes positions below its `pooled_upto` for the rings only)."""
+    `compress_step_` (a resumed prefix recomputes positions below its `pooled_upto` for the rings only).
+    `store(entries [N, dim], new [N] bool)`, if given, stores the entries instead (an FP8 cache, or the QAT
+    simulation: it quantises them); row `t` is token `t`'s entry where `new[t]`."""
     kv, score = comp.wkv(x), comp.wgate(x)
+    rows = None if store is None else torch.empty(x.shape[0], comp.dim, dtype=x.dtype, device=x.device)
     compress_step_(kv, score, comp.ape, ring, ring_slot, tok_req, tok_pos, tables, pool, comp.norm.weight, inv_freq,
-                   comp.ratio, comp.overlap, block_size, comp.norm.eps, write_ring=False, floor=floor)
+                   comp.ratio, comp.overlap, block_size, comp.norm.eps, write_ring=False, floor=floor, out=rows)
     R, p = ring[0].shape[1], tok_pos.long()
+    if store is not None:
+        store(rows, (p >= 0) & ((p + 1) % comp.ratio == 0) & (p + 1 - comp.ratio >= (0 if floor is None else floor)))
     keep = (p >= 0) & (p > last - R)
     slot = torch.where(keep, ring_slot, scratch_slot)
     row = torch.where(keep, p % R, 0)

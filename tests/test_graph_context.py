@@ -43,8 +43,11 @@ def use_references(monkeypatch) -> None:
     import dspark.graphs as G
     from dspark.kernels_attention import indexer_topk_ref, sparse_attention_ref
     from dspark.kernels_fused import qkv_rope_insert_ref
-    def rope_insert_(q, *a, **k):                                       # the kernel's contract: Q rewritten in place
-        out = qkv_rope_insert_ref(q, *a, **k); q.copy_(out[0]); return out
+    def rope_insert_(q, *a, **k):                       # the kernel's contract: Q (and the K=V rows) rewritten in place
+        out = qkv_rope_insert_ref(q, *a, **k); q.copy_(out[0])
+        kv = a[3] if len(a) > 3 else k.get("kv")
+        if kv is not None and out[1] is not None: kv.copy_(out[1])
+        return out
     monkeypatch.setattr(G, "sparse_attention", sparse_attention_ref)
     monkeypatch.setattr(G, "indexer_topk", indexer_topk_ref)
     monkeypatch.setattr(G, "qkv_rope_insert_", rope_insert_)
@@ -166,3 +169,20 @@ def test_resumed_prefixes_match_the_reference(tiny_ckpt, how, monkeypatch):
     assert runs[how] == runs["reference"]
     assert runs["reference"][1]["hits"] >= 2 * 64                  # both later prompts resumed a cached prefix
     if how == "graphs": assert emu.eager_steps == 0                 # the resumed steps replayed too
+
+
+def test_prefill_graphs_on_an_fp8_cache(tiny_ckpt, monkeypatch):
+    """Ragged graphs (emulated; attention by the kernels' references, the compressor by its Triton kernel) on an
+    FP8 cache: the compressor entries are quantised by `store_entries` inside the step. An 80-token prompt
+    prefills in one replay; tokens equal the reference forward's."""
+    use_references(monkeypatch)
+    prompts = [list(range(5, 85))]
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    outs = []
+    for emulate in (False, True):
+        llm = dspark.LLM(tiny_ckpt, max_num_seqs=1, max_model_len=96, kv_cache_dtype="fp8", kv_cache_memory_bytes=16 * 2**20,
+                         enable_prefix_caching=False)
+        if emulate: g = emulate_graphs(llm, 1, ragged_tokens=96)
+        outs.append(llm.generate(prompts, sp, use_tqdm=False)[0].outputs[0].token_ids)
+    assert g.eager_steps == 0 and sum(rep.replays for rep, _ in g.ragged.values()) == 1
+    assert outs[0] == outs[1]

@@ -214,6 +214,41 @@ def test_attend_batch_on_an_fp8_cache(tiny_model):
             assert torch.equal(fast_cache.window[layer], ref_cache.window[layer])        # the same bytes
 
 
+@pytest.mark.parametrize("pooled", [0, 32])
+def test_attend_batch_prefills_an_fp8_cache(tiny_model, pooled):
+    """Prefill chunks longer than every compressor ring, on an FP8 cache: the batched layer quantises its entries
+    through `store_entries` (chapter 27's kernel writes them to rows first). Then a decode step reads what each
+    cache holds. `pooled`: the requests resume a cached prefix there (its entries already stored, left alone)."""
+    tiny_model = _on_dev(tiny_model)
+    cfg, g = tiny_model.cfg, torch.Generator().manual_seed(1)
+    cache = PagedKVCache(cfg, CacheConfig(block_size=16, num_blocks=24, num_window_blocks=24, max_seqs=2, lookahead=4, fp8=True), device=DEV)
+    tables = [list(range(10 * i, 10 * i + 10)) for i in range(2)]
+    lens = [70, 45]
+    x = torch.randn(sum(lens) + 2, cfg.hidden_size, generator=g).to(DEV)
+    with torch.no_grad():
+        for layer in (2, 3):                                            # CSA (ratio 4), HCA (ratio 16)
+            attn = tiny_model.layers[layer].attn
+            fast, ref = copy.deepcopy(cache), copy.deepcopy(cache)
+            if pooled:                                                  # the cached prefix: stored by the reference
+                for c in (fast, ref):
+                    for i, t in enumerate(tables):
+                        attend_cached(attn, layer, x[None, :pooled], SeqView(t, t, i, 0), c)
+            starts = [pooled - 4 if pooled else 0] * 2                  # a hit resumes 4 positions early
+            step = [SeqView(t, t, i, s, pooled) for i, (t, s) in enumerate(zip(tables, starts))]
+            n = [L - s for L, s in zip(lens, starts)]
+            meta = batch_meta(step, n, 16, pad_to=sum(n) + 2, device=DEV)
+            xs = x[:sum(n) + 2]
+            out = attend_batch(attn, layer, xs, step, meta, fast)
+            bounds = [0, n[0], n[0] + n[1]]
+            want = torch.cat([attend_cached(attn, layer, xs[None, a:e], sq, ref)[0] for a, e, sq in zip(bounds, bounds[1:], step)])
+            assert (out[:sum(n)] - want).abs().max() <= 20 * TOL, layer
+            nxt = [SeqView(t, t, i, L, pooled) for i, (t, L) in enumerate(zip(tables, lens))]   # one decode token each
+            meta = batch_meta(nxt, [1, 1], 16, device=DEV)
+            out = attend_batch(attn, layer, x[:2], nxt, meta, fast)
+            want = torch.cat([attend_cached(attn, layer, x[None, i:i + 1], sq, ref)[0] for i, sq in enumerate(nxt)])
+            assert (out - want).abs().max() <= 20 * TOL, layer
+
+
 def test_llm_on_the_batched_triton_forward_matches_the_reference(tmp_path):
     """End to end through `LLM`: the batched Triton forward (`attention_backend="triton"`) gives the same greedy
     tokens and the same accepted drafts as the reference per-request forward, with DSpark drafting (so verify
