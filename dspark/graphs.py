@@ -182,8 +182,9 @@ class StepView:
 
 def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,
                     index: bool, sim: bool) -> None:
-    """One compressor's update for the step: the one-launch `kernels_step.compress_step_` for BF16/FP32 caches,
-    else (FP8 rows, or the simulated quantisation) `compress_tokens` + `store_entries`, which quantise the entries.
+    """One compressor's update for the step: the one-launch `kernels_step.compress_step_`; with FP8 rows, or the
+    simulated quantisation, it writes the entries to rows and `store_entries` quantises them into the cache
+    (`compress_tokens` is the torch reference of the same update).
     A ragged step (chunks longer than the ring's lookahead) takes `compress_chunks_`, which reads the step's own
     earlier rows from its projections and keeps only each request's last ring-full, and writes no entry below a
     resumed prefix's `pooled_upto`; with `sim` its entries go through `store_entries`, which quantises them."""
@@ -194,12 +195,11 @@ def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ri
         compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, st.ring_slot, st.last, meta.tables, ring, pool, inv,
                          meta.block_size, cache.scratch_slot, st.pooled, store)
         return
-    if not sim:
-        compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
-                       pool, comp.norm.weight, inv, comp.ratio, comp.overlap, meta.block_size, comp.norm.eps)
-        return
-    new, done = compress_tokens(comp, x, st.pos, ring, st.ring_slot, inv)
-    store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, done & st.live, new, comp.ratio, index=index, sim=sim)
+    rows = torch.zeros(x.shape[0], comp.dim, dtype=x.dtype, device=x.device) if sim else None   # entries to quantise
+    compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
+                   pool, comp.norm.weight, inv, comp.ratio, comp.overlap, meta.block_size, comp.norm.eps, out=rows)
+    if sim: store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, st.live & ((st.pos + 1) % comp.ratio == 0),
+                          rows, comp.ratio, index=index, sim=sim)
 
 def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView, cache: PagedKVCache) -> torch.Tensor:
     "Layer `layer_id` attention for the step's tokens `x [N, D]`, reading and extending `cache`; graph-capturable."

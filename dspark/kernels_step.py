@@ -164,7 +164,7 @@ def compress_chunks_(comp, x: torch.Tensor, tok_req: torch.Tensor, tok_pos: torc
     `store(entries [N, dim], new [N] bool)`, if given, stores the entries instead (an FP8 cache, or the QAT
     simulation: it quantises them); row `t` is token `t`'s entry where `new[t]`."""
     kv, score = comp.wkv(x), comp.wgate(x)
-    rows = None if store is None else torch.empty(x.shape[0], comp.dim, dtype=x.dtype, device=x.device)
+    rows = None if store is None else torch.zeros(x.shape[0], comp.dim, dtype=x.dtype, device=x.device)
     compress_step_(kv, score, comp.ape, ring, ring_slot, tok_req, tok_pos, tables, pool, comp.norm.weight, inv_freq,
                    comp.ratio, comp.overlap, block_size, comp.norm.eps, write_ring=False, floor=floor, out=rows)
     R, p = ring[0].shape[1], tok_pos.long()

@@ -173,11 +173,11 @@ def test_resumed_prefixes_match_the_reference(tiny_ckpt, how, monkeypatch):
 
 def test_prefill_graphs_on_an_fp8_cache(tiny_ckpt, monkeypatch):
     """Ragged graphs (emulated; attention by the kernels' references, the compressor by its Triton kernel) on an
-    FP8 cache: the compressor entries are quantised by `store_entries` inside the step. An 80-token prompt
-    prefills in one replay; tokens equal the reference forward's."""
+    FP8 cache: the compressor entries are quantised by `store_entries` inside the step, in the prefill replay and in
+    the decode replays after it. An 80-token prompt prefills in one replay; tokens equal the reference forward's."""
     use_references(monkeypatch)
     prompts = [list(range(5, 85))]
-    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)   # decode steps read entries decode steps wrote
     outs = []
     for emulate in (False, True):
         llm = dspark.LLM(tiny_ckpt, max_num_seqs=1, max_model_len=96, kv_cache_dtype="fp8", kv_cache_memory_bytes=16 * 2**20,
