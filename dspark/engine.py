@@ -344,13 +344,15 @@ class LLM:
         cache_dtype, fp8 = cache_format(kv_cache_dtype, self.model.embed.weight.dtype, device)
         self.memory = None                                       # a graphs.MemoryProfile when measured
         use_graphs = self._use_graphs(device, attention_backend, batch_invariant, enforce_eager)
+        # prefill steps up to 512 tokens replay graphs too: eagerly, a short prompt's step is all launch overhead
+        ragged = min(512, max_num_batched_tokens) if use_graphs else 0
         if kv_cache_memory_bytes: budget = kv_cache_memory_bytes
         elif str(device).startswith("cuda") and getattr(self, "world", 1) == 1:   # profile, then size the cache
             from dspark.graphs import profile_memory
             taps = tuple(drafter.cfg.dspark_target_layer_ids) if speculative == "dspark" else ()
             self.memory = profile_memory(self.model, self._forward_for(attention_backend, device, batch_invariant),
                                          gpu_memory_utilization, max_num_batched_tokens,
-                                         max(max_num_seqs * (K + 1), min(512, max_num_batched_tokens)) if use_graphs else 0,
+                                         max(max_num_seqs * (K + 1), ragged) if use_graphs else 0,
                                          self.max_model_len,
                                          block_size, cache_dtype, taps)
             budget = self.memory.kv_budget
@@ -365,8 +367,7 @@ class LLM:
         self.graphs = None
         if use_graphs:
             from dspark.graphs import GraphRunner                # CUDA graphs of decode and verify steps
-            # prefill steps up to 512 tokens replay graphs too: eagerly, a short prompt's step is all launch overhead
-            self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs, min(512, max_num_batched_tokens))
+            self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs, ragged)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays

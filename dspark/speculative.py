@@ -254,9 +254,8 @@ class MTPProposer:
 
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         "`propose_rows` for greedy requests (the anchors are already in the MTP state)."
-        dev = self.ring.pos.device
-        return self.propose_rows(slots, rids, P, n, RowParams(torch.zeros(len(P), device=dev), torch.zeros(len(P), dtype=torch.long, device=dev),
-                                                             greedy=True))
+        z = lambda dt: torch.zeros(len(P), dtype=dt, device=self.ring.pos.device)
+        return self.propose_rows(slots, rids, P, n, RowParams(z(torch.float32), z(torch.long), greedy=True))
 
     def propose_sampled(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int],
                         params: list, seeds: list[int]) -> list[list[int]]:
