@@ -51,24 +51,27 @@ class OnlineSTS:
         self.record_many([logits], [verified], [accepted])
 
     def record_many(self, logits: list, verified: list[int], accepted: list[int]) -> None:
-        """Verified rounds (logits as tensors or float lists) in a few tensor ops: a per-round loop costs ~0.1 ms
-        a request on the host, milliseconds a step at 64 requests. The rounds of one call are simultaneous: the
-        counters decay once per round, before any of their outcomes are added; the refit counter counts calls."""
-        zs, ks, hits = [], [], []
-        for z, v, a in zip(logits, verified, accepted):
+        """Verified rounds (logits as tensors or float lists) in a few tensor ops on padded `[rounds, K]` rows: a
+        per-round loop cost ~0.3 ms a step at 64 requests on the host, where it sits between the draft step and the
+        next verification. The rounds of one call are simultaneous: the counters decay once per round, before
+        any of their outcomes are added; the refit counter counts calls."""
+        rows = [z.tolist() if torch.is_tensor(z) else list(z) for z in logits]
+        for z, v, a in zip(rows, verified, accepted):
             if not 0 <= a <= v <= len(z): raise ValueError(f"accepted {a} of {v} verified ({len(z)} drafts)")
-            n = min(a + 1, v)
-            if n == 0: continue
-            zs += z[:n].tolist() if torch.is_tensor(z) else list(z[:n])
-            ks += range(n); hits += [1.0] * a + [0.0] * (n - a)
-        if not zs: return
-        rounds = ks.count(0)                       # each round contributes position 0 once
+        L = max((len(z) for z in rows), default=0)
+        if not L: return
+        z = torch.tensor([z + [0.0] * (L - len(z)) for z in rows], dtype=torch.float64)
+        v, a = torch.tensor(verified), torch.tensor(accepted)
+        k = torch.arange(L)
+        trial = k[None] < torch.minimum(a + 1, v)[:, None]        # position k was reached: every earlier draft accepted
+        rounds = int(trial[:, 0].sum())                            # each round with a trial contributes position 0 once
+        if not rounds: return
         for t in (self.trials, self.hits, self.zsum): t.mul_(self.decay ** rounds)
-        z, k = torch.tensor(zs, dtype=torch.float64), torch.tensor(ks)
-        b = self._bin(z)
-        self.trials.index_put_((k, b), torch.ones_like(z), accumulate=True)
-        self.zsum.index_put_((k, b), z, accumulate=True)
-        self.hits.index_put_((k, b), torch.tensor(hits, dtype=torch.float64), accumulate=True)
+        zt, kt = z[trial], k.expand_as(z)[trial]
+        b = self._bin(zt)
+        self.trials.index_put_((kt, b), torch.ones_like(zt), accumulate=True)
+        self.zsum.index_put_((kt, b), zt, accumulate=True)
+        self.hits.index_put_((kt, b), (k[None] < a[:, None])[trial].double(), accumulate=True)
         self.pending += 1                          # per call (a step): at 64 requests a round count would refit every step
         if self.pending >= self.refit_every: self.fit()
 
@@ -166,6 +169,7 @@ class CapacityStats:
     bucket: int = 0                        # graph size of the last active step (0: eager, above the capture limit)
     verify_tokens: int = 0                 # tokens of the last active step's verify batch
     active: bool = False
+    pruned: bool = False                   # the last decision cut drafts: its verify step must not pad them back
 
 class CapacityController:
     "Capacity-aware verification for a model runner: knee, calibration, policy, compaction, depth."
@@ -198,21 +202,64 @@ class CapacityController:
                 self.host_ms_per_request = h if self.host_ms_per_request is None else 0.9 * self.host_ms_per_request + 0.1 * h
         self._mark = (now, self.curve.draft_step_ms + self.curve.draft_ms * R + self.curve.verify(max(B, 1)), R)
 
-    def worth(self, R: int, slack: float = 0.1) -> bool:
+    def worth(self, R: int, slack: float = 0.1, round_tokens: int | None = None) -> bool:
         """Whether pruning can pay at R requests: verifying every draft would cost more than `1 + slack` times
-        verifying none, host time included. When it cannot, the controller stays bypassed (the fixed-K path)."""
-        H = self.host_ms(R) + self.curve.draft_step_ms + self.curve.draft_ms * R
-        return H + self.curve.verify(R * (self.K + 1)) > (1 + slack) * (H + self.curve.verify(R))
+        verifying none, host time included. When it cannot, the controller stays bypassed (the fixed-K path).
+        `round_tokens`: the step would run as a fused round of that many rows (chapter 28), whose draft step runs
+        while the host does the step's bookkeeping; a pruned step leaves it for the verify graph plus a draft graph
+        after it, and loses that overlap (`_overlap`)."""
+        c, D = self.curve, self.curve.draft_step_ms + self.curve.draft_ms * R
+        none = self.host_ms(R) + D + c.verify(R)
+        every = none - c.verify(R) + c.verify(R * (self.K + 1)) if round_tokens is None else \
+            self.host_ms(R) + D - self._overlap(R) + c.verify(round_tokens)
+        return every > (1 + slack) * none
+
+    def _overlap(self, R: int) -> float:
+        "Host time a fused round hides behind its draft step (ms): the shorter of the two."
+        return min(self.host_ms(R), self.curve.draft_step_ms + self.curve.draft_ms * R)
+
+    @staticmethod
+    def _round_tokens(reqs: list, runner) -> int | None:
+        """Rows of the fused round that would verify these requests' drafts if all were kept (every request greedy
+        and a round graph for their count), else None."""
+        rounds = getattr(getattr(runner, "forward", None), "rounds", None)
+        if rounds is None or not getattr(rounds, "graphs", None): return None
+        if not all(r.params.greedy and r.params.logprobs is None for r in reqs): return None
+        b = rounds.bucket(len(reqs))
+        return None if b is None else b * rounds.width
+
+    def _fill_round(self, lengths: list[int], n: list[int], round_tokens: int | None) -> list[int]:
+        """Keep every draft when the pruned batch would verify no cheaper than the fused round it leaves: its
+        token-count graph saves less than the overlap lost. Only the lagged policy asks: its budget is two steps
+        old, so this choice (from R, the draft counts, sizes and timings, never the drafts' survivals) keeps it
+        lossless. It is what makes forced-on control at 64 requests run fixed K's rounds instead of 0.71× them."""
+        if round_tokens is None: return lengths
+        R, N = len(n), len(n) + sum(lengths)
+        bucket = graph_bucket(N, self.sizes)
+        if bucket is None: return lengths
+        if self.curve.verify(round_tokens) - self.curve.verify(bucket) <= self._overlap(R): return list(n)
+        return lengths
 
     @classmethod
     def build(cls, config: CapacityConfig, runner, max_num_seqs: int) -> "CapacityController":
         if getattr(runner.proposer, "confidence", False) is False:
             raise ValueError("capacity control needs the DSpark drafter's confidence head (speculative='dspark')")
-        runner.proposer.confidence = {}
         sizes = list(getattr(runner.forward, "sizes", None) or capture_sizes(max_num_seqs, runner.K))   # the graphs' buckets
         if config.policy == "auto":    # graph buckets make SPS a step function: Algorithm 1 would stop at the first jump
             config = replace(config, policy="lagged" if getattr(runner.forward, "graphs", None) else "scheduler")
-        return cls(config, runner.K, resolve_sps(config.sps, runner, sizes, config.profile_context), sizes, max_num_seqs)
+        ctl = cls(config, runner.K, resolve_sps(config.sps, runner, sizes, config.profile_context), sizes, max_num_seqs)
+        ctl.read(runner, config.activation == 1)      # forced on from one request: the first proposals are read already
+        return ctl
+
+    @staticmethod
+    def read(runner, on: bool) -> None:
+        """Whether the next proposals bring their confidences to the host. Only while capacity control is active:
+        bypassed (below the knee, or where pruning cannot pay) the step is the fixed-K path, with no read-back and
+        no per-request bookkeeping. The step that activates it verifies everything (its proposals were made
+        unread), which is lossless; the next one is controlled."""
+        pr = runner.proposer
+        if on and pr.confidence is None: pr.confidence = {}
+        if not on: pr.confidence = None
 
     @property
     def depth(self) -> int:
@@ -229,17 +276,21 @@ class CapacityController:
     def apply(self, reqs: list, runner) -> None:
         "Decide the verify lengths of the step's fresh proposals and cut each request's drafts to them."
         conf = runner.proposer.confidence
-        found = {r.request_id: conf.pop(r.request_id, None) for r in reqs}
+        found = {r.request_id: conf.pop(r.request_id, None) for r in reqs} if conf else {}
         if not reqs: return
-        R = len(reqs)
-        active = R >= self.activation and (self.config.activation is not None or self.worth(R))
+        R, rt = len(reqs), self._round_tokens(reqs, runner)
+        active = R >= self.activation and (self.config.activation is not None or self.worth(R, round_tokens=rt))
         active = runner.canon({"active": active}, "capacity activation")["active"]   # host timings differ by rank
+        self.read(runner, active)
+        if active and any(r.drafts and found.get(r.request_id) is None for r in reqs):
+            active = False                         # proposed unread (the step that activates): verify them all
         if active != self.stats.active:
             log.info(f"capacity control {'enabled' if active else 'bypassed'} at {len(reqs)} requests (knee {self.activation})")
             if not active:
                 if self.depth_ctl: self.depth_ctl.reset()
                 if self.lagged: self.lagged.reset()
             self.stats.active = active
+        self.stats.pruned = False
         if not active:
             self.stats.bypassed_steps += 1
             self._time_step(R, R + sum(len(r.drafts) for r in reqs))
@@ -247,13 +298,13 @@ class CapacityController:
         n = [len(r.drafts) for r in reqs]
         vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
         for i, r in enumerate(reqs):
-            c = found[r.request_id]
-            if n[i] and c is None: raise RuntimeError(f"request {r.request_id}: drafts without confidences")
+            c = found.get(r.request_id)
             row = c[0][:n[i]].tolist() if n[i] else []
             vals.append(row + [0.0] * (self.K - len(row)))
         z = torch.tensor(vals, dtype=torch.float64)
         cal = self.sts.calibrate(z) if self.sts else z
         lengths = self._lengths(batch_survival(cal, n))
+        if self.config.policy == "lagged": lengths = self._fill_round(lengths, n, rt)
         lengths = runner.canon({r.request_id: min(l, len(r.drafts)) for r, l in zip(reqs, lengths)})
         for i, r in enumerate(reqs):
             l = lengths[r.request_id]
@@ -266,6 +317,7 @@ class CapacityController:
     def _count(self, proposed: list[int], kept: list[int]) -> None:
         s = self.stats
         s.active_steps += 1; s.proposed += sum(proposed); s.kept += sum(kept)
+        s.pruned = sum(kept) < sum(proposed)
         s.kept_hist += [0] * (self.K + 1 - len(s.kept_hist))
         for k in kept: s.kept_hist[k] += 1
         s.verify_tokens = len(kept) + sum(kept)
@@ -355,7 +407,8 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
                     runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync))
         for m in modes:
             rs = sorted(runs[m], key=lambda r: r["tok_s"])
-            rows.append(dict(rs[len(rs) // 2], repeats=repeats, tok_s_all=[round(r["tok_s"], 1) for r in rs]))
+            rows.append(dict(rs[len(rs) // 2], repeats=repeats, tok_s_all=[round(r["tok_s"], 1) for r in rs],
+                             tok_s_runs=[round(r["tok_s"], 1) for r in runs[m]]))   # repeat order: pairs modes run together
     del engines; gc.collect()
     if cuda: torch.cuda.empty_cache()
     return sorted(rows, key=lambda r: (modes.index(r["mode"]), r["concurrency"]))
@@ -369,7 +422,7 @@ def _capacity_attached(llm, on: bool):
     if cap is not None and on: cap.idle()
     try: yield
     finally:
-        if cap is not None: r.capacity, r.proposer.confidence = cap, conf if conf is not None else {}
+        if cap is not None: r.capacity, r.proposer.confidence = cap, conf
 
 def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: int, seed: int, sync) -> dict:
     "One timed generate of `c` requests, with the engine's counters differenced around it."

@@ -114,7 +114,7 @@ class ModelRunner:
             for r, _ in batch: pr.claim(r.slot, r.request_id)
         greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
         rounds = getattr(self.forward, "rounds", None)             # chapter 28: verify, accept and draft in one graph
-        compact = self.capacity is not None and self.capacity.stats.active      # drafts were pruned: keep them pruned
+        compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
         if greedy and rounds is not None and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
@@ -184,7 +184,7 @@ class ModelRunner:
             k, a, toks, lp = decided[r.request_id]
             known = n - k
             if k: self.stats.record(k, a)
-            if k and self.capacity: outcomes.append((r.request_id, k, a))
+            if k and self.capacity and self.capacity.staged: outcomes.append((r.request_id, k, a))
             out[r.request_id] = (known + a, toks)
             if lp is not None: logprobs[r.request_id] = lp
             if pr: pending.append((r, None if self.observed else feats[i][:known + a], known + a, toks))
@@ -230,7 +230,7 @@ class ModelRunner:
 
     def _propose_all(self, pending: list, ready: dict | None = None) -> None:
         """Propose for every verified request: in one batched drafter forward for those the proposer can batch
-        (`batchable`: DSpark, at most a ring's width of new positions each; MTP, a decode or verify step's) — for
+        (`batchable`: DSpark, every request, its newest ring-full of positions; MTP, a decode or verify step's) — for
         DSpark the captured greedy draft step when every request is greedy, else the sampled one — and request by
         request otherwise. `ready`: the fused round's result, whose drafts at the anchors the host has just accepted
         `settle` takes later."""

@@ -150,5 +150,6 @@ class RoundGraphs:
         src = out if self.host is None else self.host
         if self.host is not None: self.events[1].synchronize()
         v = src.drafted[:b * (1 + self.K)].tolist()
-        conf = src.conf.view(-1)[:R * self.K].view(R, self.K).clone().cpu()
+        read = self.pr.confidence is not None                 # capacity control reads them only while active
+        conf = src.conf.view(-1)[:R * self.K].view(R, self.K).clone().cpu() if read else [None] * R
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf

@@ -50,6 +50,27 @@ def test_batched_greedy_drafts_equal_per_request_drafts(tiny_ckpt):
         assert torch.equal(q.argmax(-1), torch.tensor(drafts))   # the per-request q is one-hot on the drafts
 
 
+def test_batched_observe_of_long_chunks_equals_per_request_observe(tiny_ckpt):
+    "A prefill's last chunk longer than the ring joins the batch: observe_many keeps each request's newest w rows, as observe does."
+    target = dspark.load_target(tiny_ckpt)
+    drafter = load_drafter(tiny_ckpt, target)
+    taps, w = tuple(target.cfg.dspark_target_layer_ids), target.cfg.sliding_window
+    g = torch.Generator().manual_seed(2)
+    one, many = DSparkProposer(drafter, max_seqs=3, device="cpu"), DSparkProposer(drafter, max_seqs=3, device="cpu")
+    lengths = [3 * w + 5, w + 1, 7]                              # three ring-fulls and more, just past one, short
+    feats, pos = [], []
+    for n in lengths:
+        ids = torch.randint(0, target.cfg.vocab_size, (1, n), generator=g)
+        feats.append(drafter.features(target(ids, taps=taps)[1])[0]); pos.append(torch.arange(n))
+    assert all(many.batchable(n) for n in lengths)
+    for s, (f, p) in enumerate(zip(feats, pos)): one.observe(s, f"r{s}", f, p, [])
+    many.observe_many([0, 1, 2], ["r0", "r1", "r2"], feats, pos)
+    assert torch.equal(one.ctx.pos, many.ctx.pos), (one.ctx.rows - many.ctx.rows).abs().max()
+    assert torch.allclose(one.ctx.rows, many.ctx.rows, atol=1e-5), (one.ctx.rows - many.ctx.rows).abs().max()
+    args = [0, 1, 2], ["r0", "r1", "r2"], [5, 6, 7], lengths, [drafter.block_size] * 3
+    assert one.propose_greedy(*args) == many.propose_greedy(*args)
+
+
 def test_fused_rope_block_attention_equals_the_reference(tiny_ckpt):
     "The GPU fast path's drafter attention (one norm + RoPE kernel, Triton's interpreter here) against `Attention.qkv`/`output`."
     from dspark.kernels_fused import qkv_rope_insert_          # compiled on a GPU machine: the test runs there on the GPU

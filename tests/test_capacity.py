@@ -169,6 +169,7 @@ def test_knee_bypass_is_exactly_fixed_k(ck7):
     cs = spec.runner.capacity.stats
     assert cs.active_steps == 0 and cs.bypassed_steps > 0 and spec.runner.capacity.depth == 4
     assert not spec.runner.capacity.staged and float(spec.runner.capacity.sts.trials.sum()) == 0
+    assert spec.runner.proposer.confidence is None                 # and no confidences were read back
     # the automatic knee: on a flat curve verifying everything is free at any load, so it never activates
     flat = LLM(ck7, speculative="dspark", num_speculative_tokens=4, capacity=CapacityConfig(sps=[(B, 1.0) for B in range(1, 32)]), **KV)
     assert flat.runner.capacity.activation == KV["max_num_seqs"] + 1
@@ -270,8 +271,41 @@ def test_measured_host_time_gates_activation():
     for i in range(8): runner.proposer.confidence[str(i)] = (torch.full((5,), -3.0), True)   # unsure drafts
     cap.apply(reqs, runner)
     assert cap.stats.bypassed_steps == 1 and all(len(r.drafts) == 5 for r in reqs)
+    assert runner.proposer.confidence is None                    # bypassed: the next proposals are not read back
     cap.host_ms_per_request = 0.0
+    reqs = [SimpleNamespace(request_id=str(i), drafts=[1, 2, 3, 4, 5]) for i in range(8)]
+    cap.apply(reqs, runner)                                      # worth it now, but these drafts were proposed unread
+    assert cap.stats.bypassed_steps == 2 and all(len(r.drafts) == 5 for r in reqs) and runner.proposer.confidence == {}
     reqs = [SimpleNamespace(request_id=str(i), drafts=[1, 2, 3, 4, 5]) for i in range(8)]
     for i in range(8): runner.proposer.confidence[str(i)] = (torch.full((5,), -3.0), True)
     cap.apply(reqs, runner)
     assert cap.stats.active_steps == 1 and sum(len(r.drafts) for r in reqs) < 40   # now it prunes
+
+
+def test_fused_round_is_kept_when_pruning_saves_less_than_its_overlap():
+    "Lagged control under fused rounds: a pruned batch that would verify no cheaper than the round keeps every draft."
+    from types import SimpleNamespace
+    from dspark.capacity import SPSCurve
+    from dspark.capacity_control import CapacityController
+    sizes = [8, 16, 32, 48]
+    rounds = SimpleNamespace(graphs={8: None}, width=6, bucket=lambda R: 8 if R <= 8 else None)
+    greedy = SamplingParams(temperature=0.0)
+    def run(curve, host):
+        cap = CapacityController(CapacityConfig(policy="lagged", activation=2, dynamic_depth=False, online_sts=False),
+                                 5, curve, sizes, 8)
+        cap.host_ms_per_request = host
+        runner = SimpleNamespace(proposer=SimpleNamespace(confidence={}), canon=lambda d, *a: d,
+                                 forward=SimpleNamespace(rounds=rounds))
+        for step in range(4):                                    # the lagged budget needs two decisions of history
+            reqs = [SimpleNamespace(request_id=str(i), drafts=[1, 2, 3, 4, 5], params=greedy) for i in range(8)]
+            for i in range(8): runner.proposer.confidence[str(i)] = (torch.tensor([3.0, 3.0, -4.0, -4.0, -4.0]), True)
+            cap.apply(reqs, runner)
+        return sum(len(r.drafts) for r in reqs), cap
+    flat = SPSCurve([(8, 1.0), (16, 1.02), (32, 1.05), (48, 1.1)], capture_limit=48, draft_step_ms=0.5)
+    kept, cap = run(flat, host=0.1)                              # the round's 48 rows cost 0.08 ms more than 32: < overlap
+    assert kept == 40 and cap._round_tokens([SimpleNamespace(params=greedy)] * 8, SimpleNamespace(forward=SimpleNamespace(rounds=rounds))) == 48
+    steep = SPSCurve([(8, 1.0), (16, 2.0), (32, 4.0), (48, 6.0)], capture_limit=48, draft_step_ms=0.5)
+    kept, _ = run(steep, host=0.1)                               # verify dominates: pruning leaves the round and pays
+    assert kept < 40
+    assert not CapacityController(CapacityConfig(), 5, flat, sizes, 8).worth(8, round_tokens=48)
+    assert CapacityController(CapacityConfig(), 5, steep, sizes, 8).worth(8, round_tokens=48)
