@@ -19,7 +19,7 @@ import torch
 
 from .checkpoint import DEFAULT_MODEL, make_tiny_checkpoint
 from .config import CSA, HCA, ModelConfig, load_config
-from .engine import LLM
+from .engine import LLM, frozen_heap
 from .model import count_params
 from .sampling import SamplingParams
 
@@ -99,10 +99,11 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0), use_tqdm=False)
     before = llm.spec_stats()
     walls = []
-    for _ in range(max(1, repeats)):
-        wall, _, outs = _timed_batch(llm, prompts, sps, False, device)
-        walls.append(wall)
-    _, steps, _ = _timed_batch(llm, prompts, sps, True, device)
+    with frozen_heap():                         # as the server does: no collector pass over the engine mid-run
+        for _ in range(max(1, repeats)):
+            wall, _, outs = _timed_batch(llm, prompts, sps, False, device)
+            walls.append(wall)
+        _, steps, _ = _timed_batch(llm, prompts, sps, True, device)
     after = llm.spec_stats()
     drafts = after["num_drafts"] - before["num_drafts"]
     acc = after["num_accepted_tokens"] - before["num_accepted_tokens"]

@@ -398,12 +398,13 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
     if {"fixed", "capacity"} & set(modes): engines["fixed"] = engines["capacity"] = build("dspark")
     for llm in set(engines.values()):
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    from dspark.engine import frozen_heap
     rows = []
     for c in concurrencies:
         runs = {m: [] for m in modes}
         for rep in range(repeats):
             for m in (modes if rep % 2 == 0 else modes[::-1]):     # alternate the order: no mode always runs second
-                with _capacity_attached(engines[m], m == "capacity"):
+                with _capacity_attached(engines[m], m == "capacity"), frozen_heap():
                     runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync))
         for m in modes:
             rs = sorted(runs[m], key=lambda r: r["tok_s"])

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 import dspark
 from .async_engine import AsyncEngine, EngineDead, EngineDraining, EngineFull
 from .checkpoint import DEFAULT_MODEL
-from .engine import LLM, RequestDelta
+from .engine import LLM, RequestDelta, frozen_heap
 from .metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_logprobs,
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=5))
     log.info("serving %s (%s) on http://%s:%d", a.served_model_name, conf["speculative"], a.host, a.port)
-    server.run()
+    with frozen_heap(): server.run()           # the engine's start-up heap stays out of the collector's passes
     return 0
 
 # %% ../nbs/17_serve.ipynb #782a39ba

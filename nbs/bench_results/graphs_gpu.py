@@ -29,6 +29,7 @@ def _():
             te = [o.outputs[0].token_ids for o in e.generate(PROMPTS, SP, use_tqdm=False)]
             tg = [o.outputs[0].token_ids for o in g.generate(PROMPTS, SP, use_tqdm=False)]
             out[mode] = {"identical": te == tg, "replays": g.graphs.replays, "eager_steps": g.graphs.eager_steps,
+                         "round_replays": g.graphs.rounds.replays if g.graphs.rounds else 0,
                          "summary": g.graphs.summary()}
     return out
 

@@ -1,15 +1,17 @@
-"Prefix-cache hits on the GPU (default model, bf16): the first step of a repeated 300-token prompt (a hit that resumes before the cached end) against a miss, with graphs and with enforce_eager, for no-spec and DSpark; greedy tokens graph vs eager. OUT=. python prefix_hits.py"
+"Prefix-cache hits on the GPU (default model, bf16): the first step of a repeated 300-token prompt (a hit that resumes before the cached end) against a miss, with graphs and with enforce_eager, for no-spec and DSpark; greedy tokens graph vs eager. OUT=. [DTYPE=float32] [MODES=none,dspark] python prefix_hits.py"
 import json, os, time, statistics, torch, dspark
 from dspark.checkpoint import DEFAULT_MODEL
 from dspark.capacity_control import sweep_prompts
 from dspark.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+DTYPE = os.environ.get("DTYPE", "bfloat16"); MODES = [None if m == "none" else m for m in os.environ.get("MODES", "none,dspark").split(",")]
+res["dtype"] = DTYPE
 prompts = sweep_prompts(DEFAULT_MODEL, 5, 300)
 sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-for mode in (None, "dspark"):
+for mode in MODES:
     toks = {}
     for eager in (False, True):
-        llm = dspark.LLM(DEFAULT_MODEL, speculative=mode, device="cuda", dtype="bfloat16", max_num_seqs=16,
+        llm = dspark.LLM(DEFAULT_MODEL, speculative=mode, device="cuda", dtype=DTYPE, max_num_seqs=16,
                          max_model_len=1024, kv_cache_memory_bytes=2**30, enforce_eager=eager)
         llm.generate(prompts[4:], sp, use_tqdm=False); llm.generate(prompts[4:], sp, use_tqdm=False)   # warm: a miss, a hit
         def first_step(p, rid):
@@ -31,4 +33,4 @@ for mode in (None, "dspark"):
         del llm; torch.cuda.empty_cache()
     res[f"{mode or 'none'}_graph_vs_eager_identical"] = toks[False] == toks[True]
     print(mode, "graph == eager:", toks[False] == toks[True], flush=True)
-json.dump(res, open(OUT + "/prefix_hits.json", "w"), indent=1)
+json.dump(res, open(OUT + f"/prefix_hits{'' if DTYPE == 'bfloat16' else '_' + DTYPE}.json", "w"), indent=1)

@@ -1,0 +1,26 @@
+"""Capacity control against fixed K and no speculation on the trained default model (bf16, CUDA graphs, H200): the
+chapter-21 sweep with 7 repeats of 256 tokens per request, modes alternating within each repeat, and the per-repeat
+paired ratio capacity ÷ fixed (runs made back to back share the machine's state).
+OUT=. [CONC="1 64"] [REPEATS=9] [TOKENS=256] [NAME=capacity_paired] python capacity_paired.py"""
+import json, os, statistics, time, torch
+from dspark.checkpoint import DEFAULT_MODEL
+from dspark.capacity_control import capacity_sweep
+OUT = os.environ["OUT"]
+t0 = time.time()
+CONC = tuple(int(c) for c in os.environ.get("CONC", "1 4 16 64").split())
+rows = capacity_sweep(DEFAULT_MODEL, concurrencies=CONC, max_tokens=int(os.environ.get("TOKENS", 256)),
+                      repeats=int(os.environ.get("REPEATS", 7)))
+res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows, "paired": {}}
+by = {(r["mode"], r["concurrency"]): r for r in rows}
+for c in CONC:
+    f, k, n = by["fixed", c]["tok_s_runs"], by["capacity", c]["tok_s_runs"], by["none", c]["tok_s_runs"]
+    cap_fixed = sorted(b / a for a, b in zip(f, k))
+    res["paired"][c] = {"capacity_over_fixed_median": round(statistics.median(cap_fixed), 4),
+                        "capacity_over_fixed_range": [round(cap_fixed[0], 4), round(cap_fixed[-1], 4)],
+                        "capacity_over_none_median": round(statistics.median(b / a for a, b in zip(n, k)), 4),
+                        "fixed_over_none_median": round(statistics.median(b / a for a, b in zip(n, f)), 4)}
+    print(c, json.dumps(res["paired"][c]), flush=True)
+for r in rows: print(r["mode"], r["concurrency"], round(r["tok_s"], 1), round(r["mean_acceptance_length"], 2),
+                     r["active_steps"], r["bypassed_steps"], r["kept_drafts"], r["proposed_drafts"], flush=True)
+res["wall_s"] = round(time.time() - t0, 1)
+json.dump(res, open(f"{OUT}/{os.environ.get('NAME', 'capacity_paired')}.json", "w"), indent=1)
