@@ -247,7 +247,8 @@ class ModelRunner:
         if not self.observed and pending:
             pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
                             [self._positions(r, m) for r, _, m, _ in pending],
-                            [r.all_ids + toks for r, *_, toks in pending] if pr.final else None)   # MTP reads the next tokens
+                            [r.all_ids + toks for r, *_, toks in pending] if pr.final else None,   # MTP reads the next tokens
+                            [r.num_computed for r, *_ in pending])      # first positions, known here: no read-back
         plan = []
         for r, _, m, toks in pending:
             P = r.num_computed + m                                  # the anchor toks[-1] sits at P

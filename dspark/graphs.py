@@ -30,9 +30,10 @@ from .sampling import RowParams, _signed64
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'StepView',
-           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
-           'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+__all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'entry_store',
+           'StepView', 'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes',
+           'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile',
+           'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -149,6 +150,11 @@ def store_entries(cache: PagedKVCache, pool: torch.Tensor, tables: torch.Tensor,
     blk = torch.where(write, blk, cache.scratch_block)
     cache.write(pool, blk, torch.where(write, (first % bs) // ratio, 0), new, index)
 
+
+def entry_store(cache: PagedKVCache, pool: torch.Tensor, meta, pos: torch.Tensor, ratio: int, index: bool) -> Callable:
+    "`compress_chunks_`'s `store` callback for a quantised cache: `store_entries` of the rows it is told are new."
+    return lambda new, done: store_entries(cache, pool, meta.tables, meta.tok_req, pos, done, new, ratio, index=index, sim=True)
+
 # %% ../nbs/26_cuda_graphs.ipynb #81bebdc7
 @dataclass
 class StepView:
@@ -190,8 +196,7 @@ def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ri
     resumed prefix's `pooled_upto`; with `sim` its entries go through `store_entries`, which quantises them."""
     meta = st.meta
     if st.ragged:
-        store = (lambda new, done: store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, done, new, comp.ratio,
-                                                 index=index, sim=sim)) if sim else None
+        store = entry_store(cache, pool, meta, st.pos, comp.ratio, index) if sim else None
         compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, st.ring_slot, st.last, meta.tables, ring, pool, inv,
                          meta.block_size, cache.scratch_slot, st.pooled, store)
         return

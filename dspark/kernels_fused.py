@@ -133,15 +133,14 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        from dspark.graphs import store_entries
+        from dspark.graphs import entry_store
         from dspark.kernels_step import compress_chunks_       # every request at once (chapter 27's kernel)
         ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
         comps = [(attn.compressor, cache.rings, cache.entries, False)]
         if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys, True))
         pos = meta.tok_pos.long().clamp(min=0)
         for comp, rings, pools, index in comps:   # always with the floor: the kernel variant the ragged graphs compile
-            store = (lambda new, done, pool=pools[layer_id], comp=comp, index=index: store_entries(   # quantised
-                cache, pool, meta.tables, meta.tok_req, pos, done, new, comp.ratio, index=index, sim=True)) if sim else None
+            store = entry_store(cache, pools[layer_id], meta, pos, comp.ratio, index) if sim else None   # quantised
             compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, ring_slot, last, meta.tables, rings[layer_id],
                              pools[layer_id], inv, meta.block_size, cache.scratch_slot, floor, store)
         entries = cache.entries[layer_id]

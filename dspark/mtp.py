@@ -54,6 +54,7 @@ class MTPDrafter(nn.Module):
     def __init__(self, cfg: ModelConfig, target: Transformer):
         super().__init__()
         self.cfg, self.mtp, self._target = cfg, nn.ModuleList([MTPStage(cfg)]), [target]
+        self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in the fused kernels (chapter 25), as for DSpark
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -104,6 +105,7 @@ class MTPDrafter(nn.Module):
     def _layer(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, attend):
         "The NextN block around `attend(q, kv)` (which reads and writes the window rows): logits and output streams."
         cfg, st = self.cfg, self.mtp[0]
+        hc_pre, hc_post, hc_head = self.mhc
         e = st.e_proj(st.enorm(self.target.embed(next_ids)))
         x = (e.unsqueeze(1) + st.h_proj(st.hnorm(h.to(e.dtype))))[None]          # [1, n, hc, D]
         y, post, comb = hc_pre(x, *st.site("attn"), cfg)
