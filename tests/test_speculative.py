@@ -332,3 +332,15 @@ def test_mtp_step_many_equals_step_per_request(ckm):
     torch.testing.assert_close(many[0], torch.cat([o[0] for o in one]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(many[1], torch.cat([o[1] for o in one]), rtol=1e-5, atol=1e-5)
     assert torch.equal(ring.pos, before.pos) and torch.allclose(ring.rows, before.rows, atol=1e-6)
+
+
+def test_mtp_layer_runs_its_swappable_mhc(ckm):
+    "The MTP layer's hyper-connections go through `mhc`, which the GPU fast path swaps for the fused kernels."
+    llm = LLM(ckm, speculative="mtp", num_speculative_tokens=2, **KV)
+    mtp = llm.runner.proposer.mtp
+    calls = []
+    wrap = lambda name, f: (lambda *a, **k: (calls.append(name), f(*a, **k))[1])
+    ref = _ids(llm.generate(_prompts(2, seed=31), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False))
+    mtp.mhc = tuple(wrap(n, f) for n, f in zip(("pre", "post", "head"), mtp.mhc))
+    out = _ids(llm.generate(_prompts(2, seed=31), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False))
+    assert out == ref and {"pre", "post", "head"} <= set(calls)
