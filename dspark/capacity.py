@@ -55,18 +55,18 @@ def _ranked(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = order[flat[order] > 0]
     return order, flat[order]
 
-def _theta(a: torch.Tensor, sps: Callable[[int], float]) -> torch.Tensor:
-    "Θ after admitting the first n ranked candidates, n = 0…N: `(R + Σ a)·SPS(R + n)`."
+def _theta(a: torch.Tensor, sps: Callable[[int], float], ranked=None) -> torch.Tensor:
+    "Θ after admitting the first n ranked candidates, n = 0…N: `(R + Σ a)·SPS(R + n)`. `ranked`: `_ranked(a)`, if known."
     R = a.shape[0]
-    _, s = _ranked(a)
+    _, s = ranked or _ranked(a)
     tau = R + torch.cat([s.new_zeros(1), s.cumsum(0)])
     vector = getattr(sps, "vector", None)          # a curve's table: no Python loop over up to R·K sizes per step
     vals = vector(R, R + len(s)) if vector else torch.tensor([sps(R + n) for n in range(len(s) + 1)])
     return tau * vals.to(tau.dtype)
 
-def _lengths(a: torch.Tensor, n: int) -> list[int]:
+def _lengths(a: torch.Tensor, n: int, ranked=None) -> list[int]:
     "Per-request lengths after admitting the first `n` ranked candidates."
-    order, _ = _ranked(a)
+    order, _ = ranked or _ranked(a)
     return torch.bincount(order[:n] // a.shape[1], minlength=a.shape[0]).tolist()
 
 def scheduler_lengths(a: torch.Tensor, sps: Callable[[int], float]) -> list[int]:
@@ -75,14 +75,14 @@ def scheduler_lengths(a: torch.Tensor, sps: Callable[[int], float]) -> list[int]
     n = int((th[1:] > th[:-1]).long().cumprod(0).sum())
     return _lengths(a, n)
 
-def search_budget(a: torch.Tensor, sps: Callable[[int], float]) -> int:
+def search_budget(a: torch.Tensor, sps: Callable[[int], float], ranked=None) -> int:
     "The unconstrained search: the admission count with the largest Θ (the smallest such count on ties)."
-    return int(_theta(a, sps).argmax())
+    return int(_theta(a, sps, ranked).argmax())
 
-def admit_top(a: torch.Tensor, n: int) -> list[int]:
+def admit_top(a: torch.Tensor, n: int, ranked=None) -> list[int]:
     "Per-request lengths when the `n` highest-survival candidates are admitted (prefixes, non-anticipating)."
     if n < 0: raise ValueError(f"a draft budget must be >= 0, got {n}")
-    return _lengths(a, n)
+    return _lengths(a, n, ranked)
 
 def global_lengths(a: torch.Tensor, sps: Callable[[int], float]) -> list[int]:
     "The unconstrained search applied to the step's own survivals: throughput-optimal, and **lossy** (appendix A)."
@@ -96,12 +96,12 @@ class LaggedBudget:
 
     def lengths(self, a: torch.Tensor, sps_for: Callable[[int], Callable[[int], float]]) -> list[int]:
         "`sps_for(R)`: the SPS curve for a batch of R requests. Verifies everything until the history fills."
-        R = a.shape[0]
+        R, ranked = a.shape[0], _ranked(a)          # one sort for the admission and the search
         if len(self.history) < self.lag or self.history[0] is None: out = (a > 0).sum(-1).tolist()
         else:
             n0, R0 = self.history[0]
-            out = admit_top(a, round(n0 * R / R0))
-        decision = (search_budget(a, sps_for(R)), R) if bool((a > 0).any()) else None   # None: nothing was proposed
+            out = admit_top(a, round(n0 * R / R0), ranked)
+        decision = (search_budget(a, sps_for(R), ranked), R) if len(ranked[0]) else None   # None: nothing was proposed
         self.history = (self.history + [decision])[-self.lag:]
         return out
 

@@ -306,13 +306,13 @@ class CapacityController:
         lengths = self._lengths(batch_survival(cal, n))
         if self.config.policy == "lagged": lengths = self._fill_round(lengths, n, rt)
         lengths = runner.canon({r.request_id: min(l, len(r.drafts)) for r, l in zip(reqs, lengths)})
-        for i, r in enumerate(reqs):
-            l = lengths[r.request_id]
+        kept = [lengths[r.request_id] for r in reqs]
+        for i, (r, l) in enumerate(zip(reqs, kept)):
             r.drafts = r.drafts[:l]
             if self.sts and l and found[r.request_id][1]: self.staged[r.request_id] = vals[i][:n[i]]
-        self._count(n, [lengths[r.request_id] for r in reqs])
-        if self.depth_ctl: self.depth_ctl.update([lengths[r.request_id] for r in reqs])
-        self._time_step(R, R + sum(lengths.values()))
+        self._count(n, kept)
+        if self.depth_ctl: self.depth_ctl.update(kept)
+        self._time_step(R, R + sum(kept))
 
     def _count(self, proposed: list[int], kept: list[int]) -> None:
         s = self.stats
