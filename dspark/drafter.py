@@ -94,7 +94,7 @@ class DSparkDrafter(nn.Module):
         rows = []
         for st in self.mtp:
             cos, sin = rope_cos_sin(st.attn.inv_freq.to(feats.device), positions)
-            rows.append(st.attn.qkv(main_x[None], cos, sin)[2][0])
+            rows.append(st.attn.kv_row(main_x[None], cos, sin)[0])
         return rows
 
     def block_forward(self, anchor: int, P: int, ctx: list[torch.Tensor]) -> torch.Tensor:
