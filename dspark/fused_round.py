@@ -122,13 +122,13 @@ class RoundGraphs:
         b = self.bucket(R)
         if b is None or not self.graphs or any(k != 1 for k in known) or self.width > self.pr.ctx.w: return False
         if self.g._graphs_for(chunks, seqs, self.g.taps, None) is not self.g.graphs: return False   # a decode/verify step
-        N = sum(len(c) for c in chunks)
+        N = sum(c.shape[0] for c in chunks)
         return not compact or b * self.width <= next(s for s in self.g.sizes if s >= N)
 
     def __call__(self, chunks: list[torch.Tensor], seqs) -> Round:
         """Replay the round for these requests (each chunk: anchor then drafts) and read back the verification; the
         drafts are read when the caller asks (`Round.drafts`), so its bookkeeping overlaps the draft step."""
-        R, lens = len(chunks), [len(c) for c in chunks]
+        R, lens = len(chunks), [c.shape[0] for c in chunks]
         b = self.bucket(R)
         n = b * self.width
         fill_buffers(self.g.buf, chunks, seqs, n, self.g.cache.scratch_slot)

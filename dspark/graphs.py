@@ -444,11 +444,12 @@ class GraphRunner:
         none resumes a cached prefix), the ragged ones when the step is small enough, else `None` (eager)."""
         if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return None
         W, C = self.buf.window_tables.shape[1], self.buf.tables.shape[1]
+        lens = [c.shape[0] for c in chunks]              # not len(c): Tensor.__len__ costs ~1 µs a call on the host
         if len(seqs) > self.buf.tables.shape[0] or not all(
-                1 <= len(c) and s.start + len(c) - 1 <= self.max_pos
-                and len(s.window_table) <= W and len(s.table) <= C for c, s in zip(chunks, seqs)): return None
-        N = sum(len(c) for c in chunks)
-        if (N <= self.max_tokens and all(len(c) <= self.max_query for c in chunks)
+                1 <= m and s.start + m - 1 <= self.max_pos
+                and len(s.window_table) <= W and len(s.table) <= C for m, s in zip(lens, seqs)): return None
+        N = sum(lens)
+        if (N <= self.max_tokens and max(lens, default=0) <= self.max_query
                 and all(s.start >= s.pooled_upto for s in seqs)): return self.graphs
         return self.ragged if self.ragged and N <= self.ragged_sizes[-1] else None
 
@@ -459,7 +460,7 @@ class GraphRunner:
         if graphs is None:
             self.eager_steps += 1
             return self.eager(model, cache, chunks, seqs, taps, features, finals)
-        lens = [len(c) for c in chunks]
+        lens = [c.shape[0] for c in chunks]
         N = sum(lens)
         n = next(s for s in (self.sizes if graphs is self.graphs else self.ragged_sizes) if s >= N)
         fill_buffers(self.buf, chunks, seqs, n, cache.scratch_slot)
