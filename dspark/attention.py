@@ -169,15 +169,17 @@ class Attention(nn.Module):
             qr = self.q_norm(self.wq_a(x))
             q = rms_norm(self.wq_b(qr).view(*x.shape[:2], -1, self.cfg.head_dim), self.cfg.rms_norm_eps).to(x.dtype)
             q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
-            return q, qr, apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+            return q, qr, self._kv(x, cos, sin)
         return per_token(project, x, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2)
+
+    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
 
     def kv_row(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The shared K=V row `[B,T,d]` of `qkv` alone: what a DSpark context row needs. The same operations, so the
         same values; the query's two projections, norm and rotation are not computed (~15 launches a stage)."""
         B, T, _ = x.shape
-        return per_token(lambda x, cos, sin: apply_rope(self.kv_norm(self.wkv(x)), cos, sin), x,
-                         cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2)
+        return per_token(self._kv, x, cos.expand(B, T, -1), sin.expand(B, T, -1), lead=2)
 
     def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         "Inverse RoPE at the query position, then the grouped low-rank projection `wo_a` (per group) and `wo_b`."

@@ -208,11 +208,10 @@ class CapacityController:
         `round_tokens`: the step would run as a fused round of that many rows (chapter 28), whose draft step runs
         while the host does the step's bookkeeping; a pruned step leaves it for the verify graph plus a draft graph
         after it, and loses that overlap (`_overlap`)."""
-        c, D = self.curve, self.curve.draft_step_ms + self.curve.draft_ms * R
-        none = self.host_ms(R) + D + c.verify(R)
-        every = none - c.verify(R) + c.verify(R * (self.K + 1)) if round_tokens is None else \
-            self.host_ms(R) + D - self._overlap(R) + c.verify(round_tokens)
-        return every > (1 + slack) * none
+        c = self.curve
+        H = self.host_ms(R) + c.draft_step_ms + c.draft_ms * R
+        every = H + c.verify(R * (self.K + 1)) if round_tokens is None else H - self._overlap(R) + c.verify(round_tokens)
+        return every > (1 + slack) * (H + c.verify(R))
 
     def _overlap(self, R: int) -> float:
         "Host time a fused round hides behind its draft step (ms): the shorter of the two."
@@ -225,8 +224,7 @@ class CapacityController:
         rounds = getattr(getattr(runner, "forward", None), "rounds", None)
         if rounds is None or not getattr(rounds, "graphs", None): return None
         if not all(r.params.greedy and r.params.logprobs is None for r in reqs): return None
-        b = rounds.bucket(len(reqs))
-        return None if b is None else b * rounds.width
+        return rounds.rows(len(reqs))
 
     def _fill_round(self, lengths: list[int], n: list[int], round_tokens: int | None) -> list[int]:
         """Keep every draft when the pruned batch would verify no cheaper than the fused round it leaves: its

@@ -113,6 +113,11 @@ class RoundGraphs:
     def bucket(self, R: int) -> int | None:
         return next((s for s in self.sizes if s >= R), None)
 
+    def rows(self, R: int) -> int | None:
+        "Token rows of the round graph that R requests replay (their bucket × the width), or None past the largest."
+        b = self.bucket(R)
+        return None if b is None else b * self.width
+
     def fits(self, chunks: list[torch.Tensor], seqs, known: list[int], compact: bool = False) -> bool:
         """Whether a step can run as a fused round: every request brings its anchor (one committed token) and at
         most γ drafts, and the step fits the runner's graphs. `compact` (capacity control pruned this step's
@@ -123,7 +128,7 @@ class RoundGraphs:
         if b is None or not self.graphs or any(k != 1 for k in known) or self.width > self.pr.ctx.w: return False
         if self.g._graphs_for(chunks, seqs, self.g.taps, None) is not self.g.graphs: return False   # a decode/verify step
         N = sum(c.shape[0] for c in chunks)
-        return not compact or b * self.width <= next(s for s in self.g.sizes if s >= N)
+        return not compact or self.rows(R) <= next(s for s in self.g.sizes if s >= N)
 
     def __call__(self, chunks: list[torch.Tensor], seqs) -> Round:
         """Replay the round for these requests (each chunk: anchor then drafts) and read back the verification; the

@@ -109,21 +109,23 @@ def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqVie
     starts = np.fromiter((s.start for s in seqs), np.int64, R)
     pos = np.arange(k) - np.repeat(np.cumsum(lens) - lens - starts, lens)           # each token's position
     pooled = np.fromiter((s.pooled_upto for s in seqs), np.int64, R)
+    width = {}
     for name, tabs in (("window_tables", [s.window_table for s in seqs]), ("tables", [s.table for s in seqs])):
         rows, tl = h[name], np.fromiter(map(len, tabs), np.int64, R)
         rows[:R] = -1                                   # past a table's end: no block (never a stale one)
         if tl.sum():
             col = np.arange(int(tl.sum())) - np.repeat(np.cumsum(tl) - tl, tl)
             rows[np.repeat(np.arange(R), tl), col] = np.fromiter(itertools.chain.from_iterable(tabs), rows.dtype, int(tl.sum()))
+        width[name] = tl
     wt = h["window_tables"]
     h["tok_req"][:k], h["tok_pos"][:k] = req, pos
     h["ring_slot"][:k] = np.repeat(np.fromiter((s.slot for s in seqs), np.int64, R), lens)
     h["last"][:k] = np.repeat(starts + lens - 1, lens)
     h["pooled"][:k] = pooled[req]
-    blk = pos // bs
-    wl = np.fromiter((len(s.window_table) for s in seqs), np.int64, R)
-    if (blk >= wl[req]).any():                          # the window table must cover every new position
-        i = int(req[blk >= wl[req]][0])
+    blk, wl = pos // bs, width["window_tables"]
+    past = blk >= wl[req]
+    if past.any():                                      # the window table must cover every new position
+        i = int(req[past][0])
         raise IndexError(f"request row {i}: position {int(pos[req == i].max())} is past its window table ({int(wl[i])} blocks)")
     h["slots"][:k] = np.where(pos >= pooled[req], wt[req, blk].astype(np.int64) * bs + pos % bs, -1)
     h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n], h["last"][k:n] = -1, -1, -1, scratch_slot, -1

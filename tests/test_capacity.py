@@ -288,7 +288,7 @@ def test_fused_round_is_kept_when_pruning_saves_less_than_its_overlap():
     from dspark.capacity import SPSCurve
     from dspark.capacity_control import CapacityController
     sizes = [8, 16, 32, 48]
-    rounds = SimpleNamespace(graphs={8: None}, width=6, bucket=lambda R: 8 if R <= 8 else None)
+    rounds = SimpleNamespace(graphs={8: None}, rows=lambda R: 8 * 6 if R <= 8 else None)   # one 8-request round, width 6
     greedy = SamplingParams(temperature=0.0)
     def run(curve, host):
         cap = CapacityController(CapacityConfig(policy="lagged", activation=2, dynamic_depth=False, online_sts=False),
