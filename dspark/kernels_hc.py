@@ -23,7 +23,7 @@ from .config import ModelConfig
 from .layers import is_batch_invariant
 
 # %% auto #0
-__all__ = ['aten_launches', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused']
+__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused']
 
 # %% ../nbs/25_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
@@ -59,30 +59,56 @@ def _launch(kernel, grid, *args, **meta) -> None:
 
 # %% ../nbs/25_kernels_hc.ipynb #0faf0191
 @triton.jit
+def _hc_mix_kernel(x_ptr, fn_ptr, part_ptr, K, M, S, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    "Program (t, s): slice s of token t's flattened streams against every mix row, and the slice's sum of squares."
+    t, s = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    k = s * BLOCK_K + tl.arange(0, BLOCK_K)
+    km = k < K
+    xv = tl.load(x_ptr + t * K + k, mask=km, other=0.0).to(tl.float32)
+    m = tl.arange(0, BLOCK_M)
+    w = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=(m < M)[:, None] & km[None, :], other=0.0).to(tl.float32)
+    out = part_ptr + (t * S + s) * (M + 1)
+    tl.store(out + m, tl.sum(w * xv[None, :], 1), mask=m < M)
+    tl.store(out + M, tl.sum(xv * xv, 0))
+
+@triton.jit
+def _mix_at(row_ptr, idx, mask, S, stride):
+    "A token's mixes at `idx`: the sum of its S partial rows (stride apart) in a fixed order, so replays repeat."
+    acc = tl.load(row_ptr + idx, mask=mask, other=0.0)
+    for s in range(1, S):
+        acc += tl.load(row_ptr + s * stride + idx, mask=mask, other=0.0)
+    return acc
+
+@triton.jit
 def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr,
-                        D, M, iters, norm_eps, hc_eps,
-                        HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, MIXES: tl.constexpr):
+                        D, M, S, stride, iters, norm_eps, hc_eps,
+                        HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, MIXES: tl.constexpr,
+                        SPLIT: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, HC_P)
     row = i < HC
     d = tl.arange(0, BLOCK_D)
     xt = x_ptr + t * HC * D
-    sq = tl.zeros([HC_P, BLOCK_D], tl.float32)                       # 1. the RMS of the flattened streams
-    for d0 in range(0, D, BLOCK_D):
-        v = tl.load(xt + i[:, None] * D + d0 + d[None, :], mask=row[:, None] & (d0 + d < D)[None, :], other=0.0)
-        sq += v.to(tl.float32) * v.to(tl.float32)
-    rs = tl.rsqrt(tl.sum(tl.sum(sq, 1), 0) / (HC * D) + norm_eps)
-    mt = mix_ptr + t * M                                             # 2. pre (and post)
-    pre = tl.load(mt + i, mask=row, other=0.0) * rs * tl.load(scale_ptr).to(tl.float32) \
-        + tl.load(base_ptr + i, mask=row, other=0.0).to(tl.float32)
+    mt = mix_ptr + t * S * stride                                    # this token's S partial rows (S = 1: the GEMM's)
+    if SPLIT:                                                        # 1. the RMS of the flattened streams
+        ss = _mix_at(mt, M, M < M + 1, S, stride)                    # (the mix kernel summed the squares)
+    else:
+        sq = tl.zeros([HC_P, BLOCK_D], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            v = tl.load(xt + i[:, None] * D + d0 + d[None, :], mask=row[:, None] & (d0 + d < D)[None, :], other=0.0)
+            sq += v.to(tl.float32) * v.to(tl.float32)
+        ss = tl.sum(tl.sum(sq, 1), 0)
+    rs = tl.rsqrt(ss / (HC * D) + norm_eps)
+    pre = _mix_at(mt, i, row, S, stride) * rs * tl.load(scale_ptr).to(tl.float32) \
+        + tl.load(base_ptr + i, mask=row, other=0.0).to(tl.float32)  # 2. pre (and post)
     pre = tl.where(row, tl.sigmoid(pre) + hc_eps, 0.0)
     if MIXES:
-        post = tl.load(mt + HC + i, mask=row, other=0.0) * rs * tl.load(scale_ptr + 1).to(tl.float32) \
+        post = _mix_at(mt, HC + i, row, S, stride) * rs * tl.load(scale_ptr + 1).to(tl.float32) \
             + tl.load(base_ptr + HC + i, mask=row, other=0.0).to(tl.float32)
         tl.store(post_ptr + t * HC + i, 2 * tl.sigmoid(post), mask=row)
         ij = i[:, None] * HC + i[None, :]                            # 3. Sinkhorn on the hc x hc tile
         live = row[:, None] & row[None, :]
-        logit = tl.load(mt + 2 * HC + ij, mask=live, other=0.0) * rs * tl.load(scale_ptr + 2).to(tl.float32) \
+        logit = _mix_at(mt, 2 * HC + ij, live, S, stride) * rs * tl.load(scale_ptr + 2).to(tl.float32) \
             + tl.load(base_ptr + 2 * HC + ij, mask=live, other=0.0).to(tl.float32)
         logit = tl.where(row[None, :], logit, float("-inf"))        # padded columns drop out of the softmax
         e = tl.exp(logit - tl.max(logit, 1)[:, None])
@@ -118,36 +144,52 @@ def _check(name: str, x: torch.Tensor, hc: int, **params: tuple[torch.Tensor, tu
             raise ValueError(f"{name}: {what} must have shape {tuple(want)} for x {tuple(x.shape)}, got {tuple(t.shape)}")
         if t.device != x.device: raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
 
-def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, block_d: int | None, num_warps: int):
-    "One GEMM for the unscaled mixes, then one launch: `(y, post, comb)` (post and comb only with `mixes`)."
+SPLIT_MIX_ROWS = 64     # up to this many tokens, the mixes come from the split kernel; above it, from one GEMM
+
+def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, block_d: int | None, num_warps: int,
+              split: bool | None = None, block_k: int = 256):
+    """The mixes, then one launch: `(y, post, comb)` (post and comb only with `mixes`). The mixes come from the
+    split kernel (one program per token and `block_k`-slice; `split=None` picks it up to `SPLIT_MIX_ROWS` tokens) or
+    from one fp32 GEMM of the streams cast to fp32 (three launches at a decode's few rows, one at a prefill's)."""
     _fast_path_only(name)
     hc, D = cfg.hc_mult, x.shape[-1]
     rows = (2 + hc) * hc if mixes else hc
     _check(name, x, hc, fn=(fn, (rows, hc * D)), base=(base, (rows,)), scale=(scale, (3 if mixes else 1,)))
     lead, xs, bd = x.shape[:-2], x.reshape(-1, hc, D).contiguous(), _block(D, 1024, block_d)
-    N = xs.shape[0]
-    mix = F.linear(xs.view(N, hc * D).float(), fn.float())          # [N, rows] fp32
+    N, bk = xs.shape[0], _block(block_k, 1 << 30, block_k)
+    split = N <= SPLIT_MIX_ROWS if split is None else split
     y = torch.empty(N, D, dtype=x.dtype, device=x.device)
     post = torch.empty(N, hc, dtype=torch.float32, device=x.device)
     comb = torch.empty(N, hc, hc, dtype=torch.float32, device=x.device)
-    if N:
-        _launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
-                D, rows, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, num_warps=num_warps)
+    if not N: return y.view(*lead, D), post.view(*lead, hc), comb.view(*lead, hc, hc)
+    if split:
+        S = triton.cdiv(hc * D, bk)
+        mix = torch.empty(N, S, rows + 1, dtype=torch.float32, device=x.device)   # partial mixes, then sum of squares
+        _launch(_hc_mix_kernel, (N, S), xs, fn.float().contiguous(), mix, hc * D, rows, S,
+                BLOCK_M=triton.next_power_of_2(rows), BLOCK_K=bk, num_warps=num_warps)
+        stride = rows + 1
+    else:
+        mix, S, stride = F.linear(xs.view(N, hc * D).float(), fn.float()), 1, rows   # [N, rows] fp32
+    _launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
+            D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+            HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split, num_warps=num_warps)
     return y.view(*lead, D), post.view(*lead, hc), comb.view(*lead, hc, hc)
 
 def hc_pre_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig,
-                 block_d: int | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 block_d: int | None = None, num_warps: int = 4, split: bool | None = None,
+                 block_k: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`layers.hc_pre` as one GEMM and one Triton launch: `(y [..., D] in x.dtype, post [..., hc] fp32,
     comb [..., hc, hc] fp32 after Sinkhorn)`. `block_d` (a power of two) is the tile over D, by default the
-    next power of two of D up to 1024; it and `num_warps` are tuning knobs that do not change the result.
-    Fast path only: refuses to run in batch-invariant mode."""
-    return _collapse("hc_pre_fused", x, fn, base, scale, cfg, True, block_d, num_warps)
+    next power of two of D up to 1024; it, `num_warps` and `block_k` are tuning knobs that do not change the result
+    beyond fp32 rounding. `split` forces (True) or refuses (False) the split mix kernel; by default it serves up
+    to `SPLIT_MIX_ROWS` tokens. Fast path only: refuses to run in batch-invariant mode."""
+    return _collapse("hc_pre_fused", x, fn, base, scale, cfg, True, block_d, num_warps, split, block_k)
 
 def hc_head_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig,
-                  block_d: int | None = None, num_warps: int = 4) -> torch.Tensor:
-    "`layers.hc_head` (sigmoid weights, no Sinkhorn) as one GEMM and one launch: `[..., hc, D] -> [..., D]`."
-    return _collapse("hc_head_fused", x, fn, base, scale, cfg, False, block_d, num_warps)[0]
+                  block_d: int | None = None, num_warps: int = 4, split: bool | None = None,
+                  block_k: int = 256) -> torch.Tensor:
+    "`layers.hc_head` (sigmoid weights, no Sinkhorn) as `hc_pre_fused`'s two launches: `[..., hc, D] -> [..., D]`."
+    return _collapse("hc_head_fused", x, fn, base, scale, cfg, False, block_d, num_warps, split, block_k)[0]
 
 # %% ../nbs/25_kernels_hc.ipynb #ffaa871b
 @triton.jit

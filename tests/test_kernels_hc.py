@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from dspark import layers
 from dspark.config import preset
-from dspark.kernels_hc import aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
+from dspark.kernels_hc import SPLIT_MIX_ROWS, aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CFG = preset("tiny")
@@ -42,20 +42,24 @@ def _params(g, D, head=False, comb_scale=1.0):
     return fn.to(DEV), base.to(DEV), scale.to(DEV)
 
 
+@pytest.mark.parametrize("split,block_k", [(True, 256), (True, 64), (False, 256)])
 @pytest.mark.parametrize("D,dtype,lead,block_d", [(64, torch.float32, (5,), None), (100, torch.float32, (2, 3), 32),
                                                   (64, torch.bfloat16, (1, 5), None), (100, torch.bfloat16, (2, 3), 32)])
-def test_fused_matches_reference(D, dtype, lead, block_d):
+def test_fused_matches_reference(D, dtype, lead, block_d, split, block_k):
+    # split: the mixes from the split kernel (D = 100: hc·D = 400 is no multiple of block_k, so the last slice is
+    # partial); False: from one GEMM, the path of steps with more than SPLIT_MIX_ROWS tokens
     g = torch.Generator().manual_seed(D)
     # fp32 math on both sides; bf16 outputs may differ by one rounding (the interpreter truncates, torch rounds)
     rtol = 1e-5 if dtype == torch.float32 else 2 ** -7
     fn, base, scale = _params(g, D)
     x = torch.randn(*lead, HC, D, generator=g).to(DEV, dtype)
     out = torch.randn(*lead, D, generator=g).to(DEV, dtype)
-    got, want = hc_pre_fused(x, fn, base, scale, CFG, block_d=block_d), layers.hc_pre(x, fn, base, scale, CFG)
+    kw = dict(block_d=block_d, split=split, block_k=block_k)
+    got, want = hc_pre_fused(x, fn, base, scale, CFG, **kw), layers.hc_pre(x, fn, base, scale, CFG)
     got += (hc_post_fused(out, x, got[1], got[2], block_d=block_d),)
     want += (layers.hc_post(out, x, want[1], want[2]),)
     hf, hb, hs = _params(g, D, head=True)
-    got += (hc_head_fused(x, hf, hb, hs, CFG, block_d=block_d),)
+    got += (hc_head_fused(x, hf, hb, hs, CFG, **kw),)
     want += (layers.hc_head(x, hf, hb, hs, CFG),)
     for name, a, b in zip(("y", "post", "comb", "new x", "head"), got, want):
         assert a.shape == b.shape and a.dtype == b.dtype, name
@@ -85,7 +89,12 @@ def test_launch_counts():
     _, post, comb = hc_pre_fused(x, fn, base, scale, CFG)
     assert sum(aten_launches(layers.hc_pre, x, fn, base, scale, CFG).values()) > 100
     assert aten_launches(hc_pre_fused, x, fn, base, scale, CFG) == Counter(
-        {"_to_copy": 1, "mm": 1, "triton:_hc_collapse_kernel": 1})
+        {"triton:_hc_mix_kernel": 1, "triton:_hc_collapse_kernel": 1})          # a decode's few rows: two launches
+    many = torch.randn(SPLIT_MIX_ROWS + 1, HC, 64, generator=g).to(DEV, torch.bfloat16)
+    assert aten_launches(hc_pre_fused, many, fn, base, scale, CFG) == Counter(
+        {"_to_copy": 1, "mm": 1, "triton:_hc_collapse_kernel": 1})              # a prefill's: one GEMM for all rows
+    assert aten_launches(hc_pre_fused, many, fn, base, scale, CFG, split=True) == Counter(
+        {"triton:_hc_mix_kernel": 1, "triton:_hc_collapse_kernel": 1})
     assert aten_launches(hc_post_fused, out, x, post, comb) == Counter({"triton:_hc_post_kernel": 1})
 
 
@@ -104,6 +113,7 @@ def test_edges_and_errors():
     with pytest.raises(ValueError, match="base must have shape"): hc_head_fused(x, fn[:HC], base, scale[:1], CFG)
     with pytest.raises(ValueError, match="comb must have shape"): hc_post_fused(y0[:5].new_zeros(5, 64), x, p0.new_zeros(5, HC), c0)
     with pytest.raises(ValueError, match="power of two"): hc_post_fused(y0, x[:0], p0, c0, block_d=48)
+    with pytest.raises(ValueError, match="power of two"): hc_pre_fused(x, fn, base, scale, CFG, block_k=100)
     with layers.batch_invariant():
         with pytest.raises(RuntimeError, match="batch invariant"): hc_pre_fused(x, fn, base, scale, CFG)
         with pytest.raises(RuntimeError, match="batch invariant"): hc_post_fused(y0, x[:0], p0, c0)
