@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
 from .kernels_fused import qkv_rope_insert_
@@ -24,8 +26,8 @@ from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, rout
 from .attention import Attention
 from .config import CSA, SLIDING
 from .kv_cache import PagedKVCache, SeqView, run_layers
-from .layers import (Expert, Gate, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
-                           set_moe_impl)
+from .layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, pair_weights,
+                     rope_cos_sin, set_moe_impl)
 from .quant import fake_quant_index, fake_quant_kv
 from .sampling import RowParams, _signed64
 
@@ -33,9 +35,9 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'entry_store',
-           'StepView', 'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes',
-           'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner', 'DraftGraphs', 'MemoryProfile',
-           'step_peak_bytes', 'profile_memory']
+           'StepView', 'x_linears', 'fuse_x_projections', 'x_projections', 'compress_static', 'attend_static',
+           'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms',
+           'GraphRunner', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -203,14 +205,46 @@ class StepView:
         "cos and −sin for the inverse rotation of the attention output (after `rope` for the same table)."
         return self.angles[compressed][0], self.angles[compressed][2]
 
+def x_linears(attn: Attention) -> list[nn.Linear]:
+    """The linear maps of a layer's attention that read its input `x`, in a fixed order: `wq_a`, `wkv`, then the
+    compressor's `wkv`, `wgate` and, in a CSA layer, the indexer compressor's `wkv`, `wgate` and `weights_proj`."""
+    out = [attn.wq_a, attn.wkv]
+    if attn.kind != SLIDING: out += [attn.compressor.wkv, attn.compressor.wgate]
+    if attn.kind == CSA: out += [attn.indexer.compressor.wkv, attn.indexer.compressor.wgate, attn.indexer.weights_proj]
+    return out
+
+def fuse_x_projections(attn: Attention) -> bool:
+    """Stack the weights of `x_linears(attn)` into one `[Σ out, D]` tensor and re-point each weight at its rows
+    (nothing is stored twice), so a decode step computes all of them with one GEMM instead of two to seven. Only
+    plain bias-free `nn.Linear`s of one dtype and device are stacked (a quantised checkpoint's layers are left
+    alone); returns whether it stacked."""
+    ls = x_linears(attn)
+    w0 = ls[0].weight
+    if any(type(l) is not nn.Linear or l.bias is not None or l.weight.dtype != w0.dtype or l.weight.device != w0.device
+           for l in ls): return False
+    W = torch.cat([l.weight.detach() for l in ls])
+    widths, a = [l.weight.shape[0] for l in ls], 0
+    for l, n in zip(ls, widths):
+        l.weight.data, a = W[a:a + n], a + n
+    attn._x_proj = (W, widths, tuple(l.weight.data_ptr() for l in ls))
+    return True
+
+def x_projections(attn: Attention, x: torch.Tensor) -> list[torch.Tensor]:
+    "`[l(x) for l in x_linears(attn)]`: slices of one GEMM's output while the stack is live, else one GEMM each."
+    fused, ls = attn.__dict__.get("_x_proj"), x_linears(attn)
+    if fused is not None and all(l.weight.data_ptr() == p for l, p in zip(ls, fused[2])):
+        return list(F.linear(x, fused[0]).split(fused[1], dim=-1))
+    return [l(x) for l in ls]
+
 def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,
-                    index: bool, sim: bool) -> None:
+                    index: bool, sim: bool, proj: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """One compressor's update for the step: the one-launch `kernels_step.compress_step_`; with FP8 rows, or the
     simulated quantisation, it writes the entries to rows and `store_entries` quantises them into the cache
     (`compress_tokens` is the torch reference of the same update).
     A ragged step (chunks longer than the ring's lookahead) takes `compress_chunks_`, which reads the step's own
     earlier rows from its projections and keeps only each request's last ring-full, and writes no entry below a
-    resumed prefix's `pooled_upto`; with `sim` its entries go through `store_entries`, which quantises them."""
+    resumed prefix's `pooled_upto`; with `sim` its entries go through `store_entries`, which quantises them.
+    `proj`: the compressor's `(wkv(x), wgate(x))` when the caller computed them already (`x_projections`)."""
     meta = st.meta
     if st.ragged:
         store = entry_store(cache, pool, meta, st.pos, comp.ratio, index) if sim else None
@@ -218,7 +252,8 @@ def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ri
                          meta.block_size, cache.scratch_slot, st.pooled, store)
         return
     rows = torch.zeros(x.shape[0], comp.dim, dtype=x.dtype, device=x.device) if sim else None   # entries to quantise
-    compress_step_(comp.wkv(x), comp.wgate(x), comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
+    kv, score = proj if proj is not None else (comp.wkv(x), comp.wgate(x))
+    compress_step_(kv, score, comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
                    pool, comp.norm.weight, inv, comp.ratio, comp.overlap, meta.block_size, comp.norm.eps, out=rows)
     if sim: store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, st.live & ((st.pos + 1) % comp.ratio == 0),
                           rows, comp.ratio, index=index, sim=sim)
@@ -228,8 +263,11 @@ def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView,
     cfg, N, meta = attn.cfg, x.shape[0], st.meta
     inv = attn.inv_freq
     cos, sin = st.rope(inv, attn.kind != SLIDING)
-    qr = attn.q_norm(attn.wq_a(x))
-    q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), attn.wkv(x)
+    # a decode/verify step: the x-reading projections in one GEMM; a ragged (prefill) step projects each map on its
+    # own, since compress_chunks_ computes the compressors' projections itself
+    px = x_projections(attn, x) if not st.ragged else [attn.wq_a(x), attn.wkv(x)]
+    qr = attn.q_norm(px[0])
+    q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), px[1]
     sim, rope = cache.cc.fp8 or attn.qat, cfg.qk_rope_head_dim
     qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)
     if sim:
@@ -239,13 +277,15 @@ def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView,
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        compress_static(attn.compressor, x, st, cache, cache.rings[layer_id], cache.entries[layer_id], inv, False, sim)
+        compress_static(attn.compressor, x, st, cache, cache.rings[layer_id], cache.entries[layer_id], inv, False, sim,
+                        None if st.ragged else (px[2], px[3]))
         if attn.kind == CSA:
             ix = attn.indexer
-            compress_static(ix.compressor, x, st, cache, cache.index_rings[layer_id], cache.index_keys[layer_id], inv, True, sim)
+            compress_static(ix.compressor, x, st, cache, cache.index_rings[layer_id], cache.index_keys[layer_id], inv, True,
+                            sim, None if st.ragged else (px[4], px[5]))
             qi = qkv_rope_insert_(ix.wq_b(qr).view(N, ix.heads, ix.dim), cos, sin, cfg.rms_norm_eps, q_norm=False)[0]
             if sim: qi = fake_quant_index(qi)
-            w = ix.weights_proj(x).float() * ix.heads ** -0.5
+            w = (ix.weights_proj(x) if st.ragged else px[6]).float() * ix.heads ** -0.5
             keys, ksc = cache.packed(cache.index_keys[layer_id], index=True) if cache.cc.fp8 else (cache.index_keys[layer_id], None)
             idx = indexer_topk(qi, w, keys, meta, r, ix.dim ** -0.5, cfg.index_topk, key_scales=ksc)
         entries = cache.entries[layer_id]
@@ -322,7 +362,12 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
+        if isinstance(m, MoE) and "_w13" not in m.shared_experts.__dict__: pair_weights(m.shared_experts)
     if hasattr(model, "rope_kernel"): model.rope_kernel = qkv_rope_insert_   # the DSpark drafter's block attention
+    else:                                                  # a target: one GEMM for each layer's x projections
+        for blk in getattr(model, "layers", []):
+            attn = getattr(blk, "attn", None)
+            if isinstance(attn, Attention) and "_x_proj" not in attn.__dict__: fuse_x_projections(attn)
     from dspark.kernels_hc import hc_head_fused, hc_post_fused, hc_pre_fused
     return hc_pre_fused, hc_post_fused, hc_head_fused
 

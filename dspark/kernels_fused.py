@@ -52,7 +52,8 @@ def _norm_rope_row(ptr, w_ptr, c, s, k, eps, D: tl.constexpr, R2: tl.constexpr, 
 def _qkv_rope_kernel(q_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, cache_ptr, H, eps,
                      sq_t, sq_h, skv_t, scs_t, sc_slot,
                      D: tl.constexpr, DQ: tl.constexpr, R2: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_DQ: tl.constexpr, BLOCK_R: tl.constexpr, Q_NORM: tl.constexpr, HAS_KV: tl.constexpr):
+                     BLOCK_DQ: tl.constexpr, BLOCK_R: tl.constexpr, Q_NORM: tl.constexpr, HAS_KV: tl.constexpr,
+                     WRITE: tl.constexpr):
     t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     k = tl.arange(0, BLOCK_R)
     c = tl.load(cos_ptr + t * scs_t + k, mask=k < R2, other=0.0)
@@ -61,7 +62,7 @@ def _qkv_rope_kernel(q_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, cache_ptr
         _norm_rope_row(q_ptr + t * sq_t + h * sq_h, w_ptr, c, s, k, eps, DQ, R2, BLOCK_DQ, Q_NORM, False)
     elif HAS_KV:   # the last program of each token: the K=V row, then its window slot
         y, ra, rb = _norm_rope_row(kv_ptr + t * skv_t, w_ptr, c, s, k, eps, D, R2, BLOCK_D, True, True)
-        slot = tl.load(slot_ptr + t)
+        slot = tl.load(slot_ptr + t) if WRITE else -1     # no cache to write: no slots tensor to read
         if slot >= 0:
             dst = cache_ptr + slot * sc_slot
             dd = tl.arange(0, BLOCK_D)
@@ -83,15 +84,14 @@ def qkv_rope_insert_(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps:
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     has_kv = kv is not None
     d = kv.shape[-1] if has_kv else dq
-    cache = window_cache.view(-1, d) if has_kv and window_cache is not None else q
-    if not (has_kv and window_cache is not None and slots is not None):
-        slots = torch.full((N,), -1, dtype=torch.int64, device=q.device)
+    write = has_kv and window_cache is not None and slots is not None
+    cache = window_cache.view(-1, d) if write else q
     R2 = cos.shape[-1]
     _qkv_rope_kernel[(N, H + int(has_kv))](
-        q, kv if has_kv else q, kv_weight if has_kv else q, cos, sin, slots, cache, H, eps,
+        q, kv if has_kv else q, kv_weight if has_kv else q, cos, sin, slots if write else cos, cache, H, eps,
         q.stride(0), q.stride(1), kv.stride(0) if has_kv else 0, cos.stride(0), cache.stride(0),
         D=d, DQ=dq, R2=R2, BLOCK_D=triton.next_power_of_2(d), BLOCK_DQ=triton.next_power_of_2(dq),
-        BLOCK_R=triton.next_power_of_2(R2), Q_NORM=q_norm, HAS_KV=has_kv)
+        BLOCK_R=triton.next_power_of_2(R2), Q_NORM=q_norm, HAS_KV=has_kv, WRITE=write)
     return q, kv
 
 # %% ../nbs/20_kernels_fused.ipynb #eb6c653e

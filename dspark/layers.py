@@ -22,8 +22,8 @@ from .config import ModelConfig
 # %% auto #0
 __all__ = ['MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq',
            'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post', 'hc_head',
-           'topk_stable', 'score_fn', 'Gate', 'Expert', 'MoE', 'StackedExperts', 'stack_experts', 'grouped_experts',
-           'dense_experts', 'set_moe_impl']
+           'topk_stable', 'score_fn', 'Gate', 'Expert', 'pair_weights', 'MoE', 'StackedExperts', 'stack_experts',
+           'grouped_experts', 'dense_experts', 'set_moe_impl']
 
 # %% ../nbs/01_layers.ipynb #32ef50c9
 _MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
@@ -184,7 +184,10 @@ class Gate(nn.Module):
         else: self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts))
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         "`x [N, D]` -> `(weights [N, k] fp32, expert ids [N, k])`."
-        logits, cfg = F.linear(x.float(), self.weight.float()), self.cfg
+        cfg = self.cfg
+        if _fast_ok(self.fast) and x.is_cuda and x.dtype == self.weight.dtype != torch.float32:
+            logits = torch.mm(x, self.weight.T, out_dtype=torch.float32)   # fp32 accumulate and output, no casts
+        else: logits = F.linear(x.float(), self.weight.float())
         if _fast_ok(self.fast):
             return self.fast(logits, cfg.num_experts_per_tok, cfg.scoring_func, cfg.routed_scaling_factor,
                              None if self.hashed else self.bias, self.tid2eid if self.hashed else None, input_ids)
@@ -207,12 +210,37 @@ class Expert(nn.Module):
         self.w1, self.w3 = nn.Linear(dim, inter, bias=False), nn.Linear(dim, inter, bias=False)
         self.w2 = nn.Linear(inter, dim, bias=False)
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        if _fast_ok(self.fast) and x.dim() == 2: return self.w2(self.fast(self.w1(x), self.w3(x), self.limit, weight))
+        if _fast_ok(self.fast) and x.dim() == 2:
+            w13 = self.__dict__.get("_w13")
+            if w13 is not None and self.w1.weight.data_ptr() == w13.data_ptr() == self.w3.weight.data_ptr() - self.w1.weight.nbytes:
+                h = F.linear(x, w13)                     # w1 and w3 in one GEMM (`pair_weights`), split as views
+                I = self.w1.weight.shape[0]
+                return self.w2(self.fast(h[:, :I], h[:, I:], self.limit, weight))
+            return self.w2(self.fast(self.w1(x), self.w3(x), self.limit, weight))
         gate = self.w1(x).float().clamp(max=self.limit)
         up = self.w3(x).float().clamp(-self.limit, self.limit)
         h = F.silu(gate) * up
         if weight is not None: h = h * weight
         return self.w2(h.to(x.dtype))
+
+    def _apply(self, fn, recurse=True):
+        "A move gives w1 and w3 storage of their own: drop the paired stack, which would only pin the old copy."
+        super()._apply(fn, recurse)
+        w13 = self.__dict__.get("_w13")
+        if w13 is not None and w13.data_ptr() != self.w1.weight.data_ptr(): del self._w13
+        return self
+
+def pair_weights(ex: Expert) -> torch.Tensor:
+    """Hold `ex`'s w1 and w3 as one `[2I, D]` tensor and re-point both weights at its halves (nothing stored
+    twice), so the fast path computes both projections with one GEMM. Returns the stack."""
+    w1, w3 = ex.w1.weight, ex.w3.weight
+    if w1.dtype != w3.dtype or w1.device != w3.device or w1.shape != w3.shape:
+        raise ValueError(f"pair_weights: w1 {tuple(w1.shape)} {w1.dtype} and w3 {tuple(w3.shape)} {w3.dtype} differ")
+    w13 = torch.cat([w1.detach(), w3.detach()])
+    I = w1.shape[0]
+    w1.data, w3.data = w13[:I], w13[I:]
+    ex._w13 = w13
+    return w13
 
 class MoE(nn.Module):
     "Routed experts plus the shared expert. Reference path: loop over the experts that received tokens."
@@ -231,20 +259,24 @@ class MoE(nn.Module):
     impl = "loop"   # the routed path: "loop" (this reference), or the sync-free "grouped" / "dense" (next section)
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
-        return self.partial(x, input_ids).to(x.dtype).reshape(x.shape)
+        return self.partial(x, input_ids, x.dtype).reshape(x.shape)
 
-    def partial(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
-        "fp32 `[N, D]`: the shared expert plus the routed experts this module holds (all of them unless sharded)."
+    def partial(self, x: torch.Tensor, input_ids: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """`[N, D]` in `dtype`: the shared expert plus the routed experts this module holds (all of them unless
+        sharded), summed in fp32 (fp32 is what tensor-parallel shards add up; `route` asks for x's dtype)."""
         x = x.reshape(-1, x.shape[-1])
         weights, idx = self.gate(x, input_ids)
-        out = self.shared_experts(x).float()
+        shared = self.shared_experts(x)
         if self.impl != "loop" and not is_batch_invariant() and not self._grad_reaches_experts():
-            return out + _routed_sync_free(self, x, weights, idx)
+            routed = _routed_sync_free(self, x, weights, idx)              # fp32
+            # one launch: the add runs in fp32 (type promotion) and rounds once into `dtype`
+            return torch.add(shared, routed, out=torch.empty(routed.shape, dtype=dtype, device=routed.device))
+        out = shared.float()
         for e in idx.unique().tolist():
             if not self.first <= e < self.first + len(self.experts): continue
             tok, slot = (idx == e).nonzero(as_tuple=True)
             out.index_add_(0, tok, self.experts[e - self.first](x[tok], weights[tok, slot, None]).float())
-        return out
+        return out.to(dtype)
 
     def _grad_reaches_experts(self) -> bool:
         return torch.is_grad_enabled() and self.experts[0].w1.weight.requires_grad
@@ -269,6 +301,7 @@ class StackedExperts:
     w13: torch.Tensor                  # [E, 2I, D]: expert e's w1 rows, then its w3 rows
     w2: torch.Tensor                   # [E, D, I]
     ptrs: tuple[int, ...]
+    ids: torch.Tensor | None = None    # arange(E) on the stacks' device: the group ends' search keys, made once
 
 def _weights(ex: Expert) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ex.w1.weight, ex.w3.weight, ex.w2.weight
@@ -304,7 +337,7 @@ def stack_experts(moe: MoE) -> StackedExperts:
         for e, (a, b, c) in enumerate(ws):
             w13[e, :inter].copy_(a); w13[e, inter:].copy_(b); w2[e].copy_(c)
             a.data, b.data, c.data = w13[e, :inter], w13[e, inter:], w2[e]
-    moe._stacked = StackedExperts(w13, w2, _ends(moe.experts))
+    moe._stacked = StackedExperts(w13, w2, _ends(moe.experts), torch.arange(E, device=w1.device))
     return moe._stacked
 
 def _local_pairs(idx: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,10 +358,11 @@ def _swiglu_cast(h13: torch.Tensor, weight: torch.Tensor, limit: float, fast: Ca
     return fast(h13[:, :inter], h13[:, inter:], limit, weight)
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: StackedExperts,
-                    first: int, limit: float, fast_act: Callable | None = None) -> torch.Tensor:
+                    first: int, limit: float, fast_act: Callable | None = None, whole: bool = False) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, from two grouped GEMMs over the pairs sorted by expert. No host
     synchronisation on CPU or for bf16 on sm90/sm100 GPUs; on other GPUs or dtypes `torch._grouped_mm` falls back
-    to a per-group loop that reads the group offsets on the host."""
+    to a per-group loop that reads the group offsets on the host. `whole`: the stacks hold every expert the router
+    can pick (no expert-parallel shard), so no pair needs masking."""
     if not hasattr(torch, "_grouped_mm"):
         raise RuntimeError(f"impl='grouped' needs torch._grouped_mm (PyTorch >= 2.8), this is {torch.__version__}")
     (N, D), k, (E, inter) = x.shape, idx.shape[-1], (st.w2.shape[0], st.w2.shape[-1])
@@ -336,14 +370,17 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, s
     if D % align or inter % align:
         raise ValueError(f"impl='grouped' needs hidden size {D} and expert size {inter} to be multiples of {align} "
                          f"for {x.dtype} (torch._grouped_mm wants 16-byte strides); use impl='dense'")
-    local, inside = _local_pairs(idx, first, E)
+    whole = first == 0 and whole                                   # every expert is here: no pair is outside
+    local, inside = (idx.reshape(-1), None) if whole else _local_pairs(idx, first, E)
     keys, order = torch.sort(local, stable=True)                   # pairs grouped by expert, outsiders last
-    offs = torch.searchsorted(keys, torch.arange(E, device=x.device), right=True, out_int32=True)  # group ends
+    ids = st.ids if st.ids is not None and st.ids.device == x.device else torch.arange(E, device=x.device)
+    offs = torch.searchsorted(keys, ids, right=True, out_int32=True)   # group ends
     xs = x.index_select(0, order // k)
     h = torch._grouped_mm(xs, st.w13.transpose(-2, -1), offs=offs)
     h = _swiglu_cast(h, weights.reshape(-1, 1).index_select(0, order), limit, fast_act)
     ys = torch._grouped_mm(h, st.w2.transpose(-2, -1), offs=offs)
     y = torch.empty_like(ys).index_copy_(0, order, ys)             # back to (token, slot) order
+    if whole: return y.view(N, k, D).sum(1, dtype=torch.float32)
     y = torch.where(inside[:, None], y.float(), 0.0)               # outsiders' rows were never written
     return y.view(N, k, D).sum(1)
 
@@ -366,7 +403,8 @@ def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: tor
     if st is None or st.w13.shape[0] != len(moe.experts) or st.ptrs != _ends(moe.experts): st = stack_experts(moe)
     ex = moe.experts[0]
     if moe.impl == "grouped":
-        return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if _fast_ok(ex.fast) else None)
+        return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if _fast_ok(ex.fast) else None,
+                               whole=moe.first == 0 and len(moe.experts) == moe.gate.cfg.n_routed_experts)
     return dense_experts(x, weights, idx, st, moe.first, ex.limit)
 
 def set_moe_impl(model: nn.Module, impl: str) -> int:

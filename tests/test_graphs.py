@@ -106,3 +106,55 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
             assert (getattr(buf, f)[k:n] == pad).all(), f
     with pytest.raises(IndexError, match="past its window table"):
         fill_buffers(buf, [torch.zeros(3, dtype=torch.long)], [SeqView([1], [], 0, 100, 0)], 3, 99)
+
+
+def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
+    # the fast path stacks each layer's x-reading projections (wq_a, wkv, the compressors', the indexer weights):
+    # a decode step through forward_static gives the same logits before and after, the weights are views
+    from dspark.graphs import fill_buffers, fuse_x_projections, x_linears
+    from dspark.kernels_hc import aten_launches
+    m = dspark.load_target(tiny_ckpt, device="cuda" if torch.cuda.is_available() else "cpu")
+    for mod in m.modules():                          # 2 of the 18 entries: the indexer's scores decide which
+        if hasattr(mod, "cfg"): mod.cfg.index_topk = 2
+    cc = CacheConfig(block_size=16, num_blocks=12, num_window_blocks=12, max_seqs=2, lookahead=3)
+    cache = PagedKVCache(m.cfg, cc, device=m.embed.weight.device)
+    r = GraphRunner(m, cache, forward_cached, max_num_seqs=2, lookahead=3, max_model_len=80, capture=False)
+    for blk in m.layers: blk.attn.__dict__.pop("_x_proj", None)     # on a GPU the runner stacked them already
+    tables = [0, 1, 2, 3, 4, 5]
+    with torch.no_grad():
+        # a 71-token prefill, then position 71, which completes a CSA (ratio 4) and an HCA (ratio 16) entry
+        forward_cached(m, cache, [torch.arange(3, 74, device=r.buf.ids.device)], [SeqView(tables, tables, 0, 0)])
+        def tensors(v):                              # every cache tensor: window, entries, keys, rings
+            if isinstance(v, torch.Tensor): return [v]
+            if isinstance(v, dict): return tensors(list(v.values()))
+            return [t for e in v for t in tensors(e)] if isinstance(v, (list, tuple)) else []
+        live = tensors(list(vars(cache).values()))
+        start = [t.clone() for t in live]
+        def decode(static=True):                     # from the same cache state each time: logits, then the cache
+            for t, t0 in zip(live, start): t.copy_(t0)
+            if not static:                           # the reference step
+                return [forward_cached(m, cache, [torch.tensor([11], device=r.buf.ids.device)],
+                                       [SeqView(tables, tables, 0, 71)])[0]] + \
+                       [t.clone() for t in live]
+            fill_buffers(r.buf, [torch.tensor([11], device=r.buf.ids.device)], [SeqView(tables, tables, 0, 71)], 1,
+                         cache.scratch_slot)
+            return [r.run(1).logits[:1].clone()] + [t.clone() for t in live]
+        reference = decode(static=False)
+        state = {k: v.clone() for k, v in m.state_dict().items()}
+        before = decode()
+        assert len(before) > 20
+        mm_before = aten_launches(decode)["mm"]
+        kinds = set()
+        for blk in m.layers:
+            assert fuse_x_projections(blk.attn)
+            W, ls = blk.attn._x_proj[0], x_linears(blk.attn)
+            assert ls[0].weight.data_ptr() == W.data_ptr() and W.shape[0] == sum(l.weight.shape[0] for l in ls)
+            kinds.add(len(ls))
+        assert kinds == {2, 4, 7}                    # sliding, HCA and CSA layers all covered by the tiny preset
+        assert all(torch.equal(v, state[k]) for k, v in m.state_dict().items())
+        after = decode()
+        fewer = sum(n - 1 for n in (len(x_linears(b.attn)) for b in m.layers))
+        assert aten_launches(decode)["mm"] == mm_before - fewer
+    for a, b, ref in zip(after, before, reference):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b, ref, rtol=1e-4, atol=1e-4)    # each projection reaches its place

@@ -186,3 +186,39 @@ def test_whole_model_logits(tiny_model):
     for impl in FAST:
         assert set_moe_impl(model, impl) == CFG.num_hidden_layers
         with torch.no_grad(): close(model.logits(ids), ref, 1e-5)
+
+
+@pytest.mark.parametrize("impl", ["loop", "grouped"])
+def test_route_rounds_once_into_the_input_dtype(impl):
+    # `route` asks `partial` for x's dtype: the fp32 sum rounded once, equal to rounding the fp32 partial
+    m = make_moe(3, torch.bfloat16)
+    set_moe_impl(m, impl)
+    x = torch.randn(5, CFG.hidden_size, generator=torch.Generator().manual_seed(7)).bfloat16()
+    with torch.no_grad():
+        full = m.partial(x, None)
+        assert full.dtype == torch.float32
+        assert torch.equal(m.route(x, None), full.to(torch.bfloat16))
+
+
+def test_paired_shared_expert_is_one_gemm_with_the_same_output():
+    from collections import Counter
+    from dspark.kernels_hc import aten_launches
+    from dspark.kernels_step import swiglu_fused
+    from dspark.layers import pair_weights
+    dev = "cuda" if torch.cuda.is_available() else "cpu"     # the kernel: compiled, or Triton's CPU interpreter
+    m = make_moe(3).to(dev)
+    ex = m.shared_experts
+    x = torch.randn(4, CFG.hidden_size, generator=torch.Generator().manual_seed(8)).to(dev)
+    ex.fast = swiglu_fused
+    with torch.no_grad():
+        before, state = ex(x), {k: v.clone() for k, v in ex.state_dict().items()}
+        w13 = pair_weights(ex)
+        assert ex.w1.weight.data_ptr() == w13.data_ptr()                       # views, nothing stored twice
+        assert ex.w3.weight.data_ptr() == w13.data_ptr() + ex.w1.weight.nbytes
+        assert all(torch.equal(v, state[k]) for k, v in ex.state_dict().items())
+        mm = lambda x: aten_launches(ex, x)["mm"]
+        assert mm(x) == 2                                                     # w13, then w2
+        torch.testing.assert_close(ex(x), before, rtol=1e-5, atol=1e-6)
+        ex.to(torch.float64)                                                  # a move: separate storage again
+        assert "_w13" not in ex.__dict__ and mm(x.double()) == 3
+        ex.fast = None
