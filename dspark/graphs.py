@@ -362,7 +362,9 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
-        if isinstance(m, MoE) and "_w13" not in m.shared_experts.__dict__: pair_weights(m.shared_experts)
+        if isinstance(m, MoE) and "_w13" not in m.shared_experts.__dict__ and all(       # plain bf16/fp32 linears only
+                type(l) is nn.Linear and l.bias is None for l in (m.shared_experts.w1, m.shared_experts.w3)):
+            pair_weights(m.shared_experts)
     if hasattr(model, "rope_kernel"): model.rope_kernel = qkv_rope_insert_   # the DSpark drafter's block attention
     else:                                                  # a target: one GEMM for each layer's x projections
         for blk in getattr(model, "layers", []):
