@@ -232,8 +232,10 @@ def fuse_x_projections(attn: Attention) -> bool:
 def x_projections(attn: Attention, x: torch.Tensor) -> list[torch.Tensor]:
     "`[l(x) for l in x_linears(attn)]`: slices of one GEMM's output while the stack is live, else one GEMM each."
     fused, ls = attn.__dict__.get("_x_proj"), x_linears(attn)
-    if fused is not None and all(l.weight.data_ptr() == p for l, p in zip(ls, fused[2])):
-        return list(F.linear(x, fused[0]).split(fused[1], dim=-1))
+    if fused is not None:
+        if all(l.weight.data_ptr() == p for l, p in zip(ls, fused[2])):
+            return list(F.linear(x, fused[0]).split(fused[1], dim=-1))
+        del attn._x_proj                     # the weights moved or were replaced: free the stale stack
     return [l(x) for l in ls]
 
 def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,

@@ -211,10 +211,10 @@ class Expert(nn.Module):
         self.w2 = nn.Linear(inter, dim, bias=False)
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         if _fast_ok(self.fast) and x.dim() == 2:
-            w13 = self.__dict__.get("_w13")
-            if w13 is not None and self.w1.weight.data_ptr() == w13.data_ptr() == self.w3.weight.data_ptr() - self.w1.weight.nbytes:
+            w13, w1 = self.__dict__.get("_w13"), self.w1.weight
+            if w13 is not None and w1.data_ptr() == w13.data_ptr() == self.w3.weight.data_ptr() - w1.nbytes:
                 h = F.linear(x, w13)                     # w1 and w3 in one GEMM (`pair_weights`), split as views
-                I = self.w1.weight.shape[0]
+                I = w1.shape[0]
                 return self.w2(self.fast(h[:, :I], h[:, I:], self.limit, weight))
             return self.w2(self.fast(self.w1(x), self.w3(x), self.limit, weight))
         gate = self.w1(x).float().clamp(max=self.limit)

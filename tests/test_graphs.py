@@ -155,6 +155,11 @@ def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
         after = decode()
         fewer = sum(n - 1 for n in (len(x_linears(b.attn)) for b in m.layers))
         assert aten_launches(decode)["mm"] == mm_before - fewer
+        blk = m.layers[2]                            # a replaced weight: the stack is stale, dropped, not used
+        blk.attn.wkv.weight = torch.nn.Parameter(blk.attn.wkv.weight.detach().clone())
+        stale = decode()
+        assert "_x_proj" not in blk.attn.__dict__
+    for a, b, ref in zip(stale, before, reference): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for a, b, ref in zip(after, before, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(b, ref, rtol=1e-4, atol=1e-4)    # each projection reaches its place
