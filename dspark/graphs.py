@@ -18,7 +18,6 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
 from .kernels_fused import qkv_rope_insert_
@@ -26,8 +25,8 @@ from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, rout
 from .attention import Attention
 from .config import CSA, SLIDING
 from .kv_cache import PagedKVCache, SeqView, run_layers
-from .layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, pair_weights,
-                     rope_cos_sin, set_moe_impl)
+from .layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
+                     set_moe_impl, stack_linears, stacked_outputs)
 from .quant import fake_quant_index, fake_quant_kv
 from .sampling import RowParams, _signed64
 
@@ -35,9 +34,9 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'entry_store',
-           'StepView', 'x_linears', 'fuse_x_projections', 'x_projections', 'compress_static', 'attend_static',
-           'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms',
-           'GraphRunner', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+           'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static', 'StepOutputs',
+           'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner',
+           'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -213,30 +212,11 @@ def x_linears(attn: Attention) -> list[nn.Linear]:
     if attn.kind == CSA: out += [attn.indexer.compressor.wkv, attn.indexer.compressor.wgate, attn.indexer.weights_proj]
     return out
 
-def fuse_x_projections(attn: Attention) -> bool:
-    """Stack the weights of `x_linears(attn)` into one `[Σ out, D]` tensor and re-point each weight at its rows
-    (nothing is stored twice), so a decode step computes all of them with one GEMM instead of two to seven. Only
-    plain bias-free `nn.Linear`s of one dtype and device are stacked (a quantised checkpoint's layers are left
-    alone); returns whether it stacked."""
-    ls = x_linears(attn)
-    w0 = ls[0].weight
-    if any(type(l) is not nn.Linear or l.bias is not None or l.weight.dtype != w0.dtype or l.weight.device != w0.device
-           for l in ls): return False
-    W = torch.cat([l.weight.detach() for l in ls])
-    widths, a = [l.weight.shape[0] for l in ls], 0
-    for l, n in zip(ls, widths):
-        l.weight.data, a = W[a:a + n], a + n
-    attn._x_proj = (W, widths, tuple(l.weight.data_ptr() for l in ls))
-    return True
-
 def x_projections(attn: Attention, x: torch.Tensor) -> list[torch.Tensor]:
-    "`[l(x) for l in x_linears(attn)]`: slices of one GEMM's output while the stack is live, else one GEMM each."
-    fused, ls = attn.__dict__.get("_x_proj"), x_linears(attn)
-    if fused is not None:
-        if all(l.weight.data_ptr() == p for l, p in zip(ls, fused[2])):
-            return list(F.linear(x, fused[0]).split(fused[1], dim=-1))
-        del attn._x_proj                     # the weights moved or were replaced: free the stale stack
-    return [l(x) for l in ls]
+    """`[l(x) for l in x_linears(attn)]`: slices of one GEMM's output once the fast path stacked them
+    (`layers.stack_linears`), else one GEMM each."""
+    ls = x_linears(attn)
+    return stacked_outputs(attn, x, ls) or [l(x) for l in ls]
 
 def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,
                     index: bool, sim: bool, proj: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -364,14 +344,12 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
-        if isinstance(m, MoE) and "_w13" not in m.shared_experts.__dict__ and all(       # plain bf16/fp32 linears only
-                type(l) is nn.Linear and l.bias is None for l in (m.shared_experts.w1, m.shared_experts.w3)):
-            pair_weights(m.shared_experts)
+        if isinstance(m, MoE): stack_linears(m.shared_experts, (m.shared_experts.w1, m.shared_experts.w3))
     if hasattr(model, "rope_kernel"): model.rope_kernel = qkv_rope_insert_   # the DSpark drafter's block attention
     else:                                                  # a target: one GEMM for each layer's x projections
         for blk in getattr(model, "layers", []):
             attn = getattr(blk, "attn", None)
-            if isinstance(attn, Attention) and "_x_proj" not in attn.__dict__: fuse_x_projections(attn)
+            if isinstance(attn, Attention): stack_linears(attn, x_linears(attn))
     from dspark.kernels_hc import hc_head_fused, hc_post_fused, hc_pre_fused
     return hc_pre_fused, hc_post_fused, hc_head_fused
 

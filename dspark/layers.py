@@ -20,10 +20,10 @@ from torch import nn
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq',
+__all__ = ['STACK', 'MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq',
            'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post', 'hc_head',
-           'topk_stable', 'score_fn', 'Gate', 'Expert', 'pair_weights', 'MoE', 'StackedExperts', 'stack_experts',
-           'grouped_experts', 'dense_experts', 'set_moe_impl']
+           'topk_stable', 'score_fn', 'Gate', 'stack_linears', 'stacked_outputs', 'Expert', 'MoE', 'StackedExperts',
+           'stack_experts', 'grouped_experts', 'dense_experts', 'set_moe_impl']
 
 # %% ../nbs/01_layers.ipynb #32ef50c9
 _MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
@@ -200,6 +200,35 @@ class Gate(nn.Module):
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
         return w * cfg.routed_scaling_factor, idx
 
+STACK = "_linear_stack"     # where `stack_linears` keeps a module's stack (not a parameter: not in state_dict)
+
+def stack_linears(owner: nn.Module, linears) -> bool:
+    """Hold the weights of linear maps that read one input as one `[Σ out, D]` tensor and re-point each weight at its
+    rows (nothing is stored twice), so the fast path computes all of them with one GEMM (`stacked_outputs`). Only
+    plain bias-free `nn.Linear`s of one dtype, device and input width are stacked (a quantised or sharded stand-in
+    is left alone); returns whether it stacked. The stack lives on `owner`; a live one is kept as it is."""
+    st = owner.__dict__.get(STACK)
+    if st is not None and all(l.weight.data_ptr() == p for l, p in zip(linears, st[2])): return True
+    w0 = linears[0].weight
+    if any(type(l) is not nn.Linear or l.bias is not None or l.weight.dtype != w0.dtype or l.weight.device != w0.device
+           or l.weight.shape[1] != w0.shape[1] for l in linears): return False
+    W = torch.cat([l.weight.detach() for l in linears])
+    widths, a = [l.weight.shape[0] for l in linears], 0
+    for l, n in zip(linears, widths):
+        l.weight.data, a = W[a:a + n], a + n
+    owner.__dict__[STACK] = (W, widths, tuple(l.weight.data_ptr() for l in linears))
+    return True
+
+def stacked_outputs(owner: nn.Module, x: torch.Tensor, linears) -> list[torch.Tensor] | None:
+    """`[l(x) for l in linears]` as column slices of one GEMM's output while `owner`'s stack is live; None when there
+    is none, or when a weight has moved or been replaced (the stale stack is dropped then, not kept pinned)."""
+    st = owner.__dict__.get(STACK)
+    if st is None: return None
+    if all(l.weight.data_ptr() == p for l, p in zip(linears, st[2])):
+        return list(F.linear(x, st[0]).split(st[1], dim=-1))
+    del owner.__dict__[STACK]
+    return None
+
 class Expert(nn.Module):
     """SwiGLU expert with clamped inputs; an optional routing weight scales the activation before `w2`. `fast`, when
     the GPU fast path sets it, is the one-launch activation (`kernels_step.swiglu_fused`)."""
@@ -211,36 +240,13 @@ class Expert(nn.Module):
         self.w2 = nn.Linear(inter, dim, bias=False)
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         if _fast_ok(self.fast) and x.dim() == 2:
-            w13, w1 = self.__dict__.get("_w13"), self.w1.weight
-            if w13 is not None and w1.data_ptr() == w13.data_ptr() == self.w3.weight.data_ptr() - w1.nbytes:
-                h = F.linear(x, w13)                     # w1 and w3 in one GEMM (`pair_weights`), split as views
-                I = w1.shape[0]
-                return self.w2(self.fast(h[:, :I], h[:, I:], self.limit, weight))
-            return self.w2(self.fast(self.w1(x), self.w3(x), self.limit, weight))
+            gate, up = stacked_outputs(self, x, (self.w1, self.w3)) or (self.w1(x), self.w3(x))   # one GEMM if stacked
+            return self.w2(self.fast(gate, up, self.limit, weight))
         gate = self.w1(x).float().clamp(max=self.limit)
         up = self.w3(x).float().clamp(-self.limit, self.limit)
         h = F.silu(gate) * up
         if weight is not None: h = h * weight
         return self.w2(h.to(x.dtype))
-
-    def _apply(self, fn, recurse=True):
-        "A move gives w1 and w3 storage of their own: drop the paired stack, which would only pin the old copy."
-        super()._apply(fn, recurse)
-        w13 = self.__dict__.get("_w13")
-        if w13 is not None and w13.data_ptr() != self.w1.weight.data_ptr(): del self._w13
-        return self
-
-def pair_weights(ex: Expert) -> torch.Tensor:
-    """Hold `ex`'s w1 and w3 as one `[2I, D]` tensor and re-point both weights at its halves (nothing stored
-    twice), so the fast path computes both projections with one GEMM. Returns the stack."""
-    w1, w3 = ex.w1.weight, ex.w3.weight
-    if w1.dtype != w3.dtype or w1.device != w3.device or w1.shape != w3.shape:
-        raise ValueError(f"pair_weights: w1 {tuple(w1.shape)} {w1.dtype} and w3 {tuple(w3.shape)} {w3.dtype} differ")
-    w13 = torch.cat([w1.detach(), w3.detach()])
-    I = w1.shape[0]
-    w1.data, w3.data = w13[:I], w13[I:]
-    ex._w13 = w13
-    return w13
 
 class MoE(nn.Module):
     "Routed experts plus the shared expert. Reference path: loop over the experts that received tokens."

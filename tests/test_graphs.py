@@ -111,7 +111,8 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
 def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
     # the fast path stacks each layer's x-reading projections (wq_a, wkv, the compressors', the indexer weights):
     # a decode step through forward_static gives the same logits before and after, the weights are views
-    from dspark.graphs import fill_buffers, fuse_x_projections, x_linears
+    from dspark.graphs import fill_buffers, x_linears
+    from dspark.layers import STACK, stack_linears
     from dspark.kernels_hc import aten_launches
     m = dspark.load_target(tiny_ckpt, device="cuda" if torch.cuda.is_available() else "cpu")
     for mod in m.modules():                          # 2 of the 18 entries: the indexer's scores decide which
@@ -119,7 +120,7 @@ def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
     cc = CacheConfig(block_size=16, num_blocks=12, num_window_blocks=12, max_seqs=2, lookahead=3)
     cache = PagedKVCache(m.cfg, cc, device=m.embed.weight.device)
     r = GraphRunner(m, cache, forward_cached, max_num_seqs=2, lookahead=3, max_model_len=80, capture=False)
-    for blk in m.layers: blk.attn.__dict__.pop("_x_proj", None)     # on a GPU the runner stacked them already
+    for blk in m.layers: blk.attn.__dict__.pop(STACK, None)         # on a GPU the runner stacked them already
     tables = [0, 1, 2, 3, 4, 5]
     with torch.no_grad():
         # a 71-token prefill, then position 71, which completes a CSA (ratio 4) and an HCA (ratio 16) entry
@@ -146,8 +147,8 @@ def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
         mm_before = aten_launches(decode)["mm"]
         kinds = set()
         for blk in m.layers:
-            assert fuse_x_projections(blk.attn)
-            W, ls = blk.attn._x_proj[0], x_linears(blk.attn)
+            assert stack_linears(blk.attn, x_linears(blk.attn))
+            W, ls = blk.attn.__dict__[STACK][0], x_linears(blk.attn)
             assert ls[0].weight.data_ptr() == W.data_ptr() and W.shape[0] == sum(l.weight.shape[0] for l in ls)
             kinds.add(len(ls))
         assert kinds == {2, 4, 7}                    # sliding, HCA and CSA layers all covered by the tiny preset
@@ -158,7 +159,7 @@ def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
         blk = m.layers[2]                            # a replaced weight: the stack is stale, dropped, not used
         blk.attn.wkv.weight = torch.nn.Parameter(blk.attn.wkv.weight.detach().clone())
         stale = decode()
-        assert "_x_proj" not in blk.attn.__dict__
+        assert STACK not in blk.attn.__dict__
     for a, b, ref in zip(stale, before, reference): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for a, b, ref in zip(after, before, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

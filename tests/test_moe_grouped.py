@@ -201,10 +201,9 @@ def test_route_rounds_once_into_the_input_dtype(impl):
 
 
 def test_paired_shared_expert_is_one_gemm_with_the_same_output():
-    from collections import Counter
     from dspark.kernels_hc import aten_launches
     from dspark.kernels_step import swiglu_fused
-    from dspark.layers import pair_weights
+    from dspark.layers import STACK, stack_linears
     dev = "cuda" if torch.cuda.is_available() else "cpu"     # the kernel: compiled, or Triton's CPU interpreter
     m = make_moe(3).to(dev)
     ex = m.shared_experts
@@ -212,13 +211,15 @@ def test_paired_shared_expert_is_one_gemm_with_the_same_output():
     ex.fast = swiglu_fused
     with torch.no_grad():
         before, state = ex(x), {k: v.clone() for k, v in ex.state_dict().items()}
-        w13 = pair_weights(ex)
+        assert stack_linears(ex, (ex.w1, ex.w3))
+        w13 = ex.__dict__[STACK][0]
         assert ex.w1.weight.data_ptr() == w13.data_ptr()                       # views, nothing stored twice
         assert ex.w3.weight.data_ptr() == w13.data_ptr() + ex.w1.weight.nbytes
         assert all(torch.equal(v, state[k]) for k, v in ex.state_dict().items())
+        assert stack_linears(ex, (ex.w1, ex.w3)) and ex.__dict__[STACK][0] is w13   # a live stack is kept
         mm = lambda x: aten_launches(ex, x)["mm"]
         assert mm(x) == 2                                                     # w13, then w2
         torch.testing.assert_close(ex(x), before, rtol=1e-5, atol=1e-6)
         ex.to(torch.float64)                                                  # a move: separate storage again
-        assert "_w13" not in ex.__dict__ and mm(x.double()) == 3
+        assert mm(x.double()) == 3 and STACK not in ex.__dict__               # the stale stack is dropped
         ex.fast = None
