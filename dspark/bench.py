@@ -145,12 +145,19 @@ def prefill_run(path, length: int, device: str, dtype: str, backend: str = "auto
             "peak_mem_GiB": round(peak, 2) if peak is not None else None}
 
 def hf_decode_run(path, prompts: list[list[int]], max_tokens: int, device: str, dtype: str = "float32") -> dict:
-    "transformers' `generate` (greedy, in `dtype`) on the same checkpoint and prompts: the baseline."
+    """transformers' `generate` (greedy, in `dtype`) on the same checkpoint and prompts: the baseline. Below fp32 it
+    runs under `torch.autocast`: transformers 5.17 keeps V4's norm and mHC weights in fp32 when it loads the model in
+    bf16 (`_keep_in_fp32_modules`), so a norm's fp32 output meets a bf16 projection and the plain bf16 model raises
+    "expected mat1 and mat2 to have the same dtype". Autocast casts each matmul's operands to bf16, which is how that
+    model runs in bf16 at all (and what mixed-precision users of transformers do)."""
+    import contextlib
     from transformers import DeepseekV4ForCausalLM
     hf = DeepseekV4ForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
     hf.generation_config.eos_token_id = None
     ids = torch.tensor(prompts, device=device)
-    with torch.no_grad():
+    mixed = dtype != "float32"
+    cast = torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype)) if mixed else contextlib.nullcontext()
+    with torch.no_grad(), cast:
         hf.generate(ids[:1, :16], max_new_tokens=4, do_sample=False)
         _sync(device); t0 = time.perf_counter()
         out = hf.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
@@ -158,7 +165,7 @@ def hf_decode_run(path, prompts: list[list[int]], max_tokens: int, device: str, 
     wall = time.perf_counter() - t0
     del hf
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
-    return {"mode": "transformers", "concurrency": len(prompts), "dtype": dtype, "tokens": len(prompts) * max_tokens,
+    return {"mode": "transformers", "concurrency": len(prompts), "dtype": dtype, "autocast": mixed, "tokens": len(prompts) * max_tokens,
             "wall_s": round(wall, 3), "tok_s": round(len(prompts) * max_tokens / wall, 1),
             "token_ids": out[:, ids.shape[1]:].tolist()}
 
@@ -176,10 +183,13 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
               prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False,
-              temperature: float = 0.0, progress=None) -> dict:
+              temperature: float = 0.0, progress=None, partial=None) -> dict:
     """The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids.
-    `progress(line)`, if given, hears about each run as it finishes (a long sweep's partial results)."""
-    say = progress or (lambda line: None)
+    `progress(line)`, if given, hears about each run as it finishes; `partial(record)` gets the record so far after
+    each run (`main` writes it to `--out`, so a sweep that is stopped keeps what it measured)."""
+    def say(line: str) -> None:
+        if progress: progress(line)
+        if partial: partial(rec | {"decode": [{k: v for k, v in r.items() if k != "token_ids"} for r in rec["decode"]]})
     cfg = load_config(Path(path) / "config.json")
     k = {"mtp": 1, "dspark": cfg.dspark_block_size} | (k or {})
     g = torch.Generator().manual_seed(0)
@@ -207,8 +217,10 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
                 hf = hf_decode_run(path, pool[:c], max_tokens, device, dtype)
                 mine = next((r for r in rec["decode"] if r["mode"] == "none" and r["concurrency"] == c and not temperature), None)
                 mine = mine or decode_run(path, pool[:c], None, None, max_tokens, device, dtype, backend, kv_bytes, eager)
-                base["same_dtype"] = {"dtype": dtype, "tok_s": hf["tok_s"], "ours_tok_s": mine["tok_s"]}
-            except RuntimeError as e:    # transformers 5.17's V4 mixes fp32 and bf16 operands when loaded in bf16
+                same = sum(a == b for a, b in zip(hf["token_ids"], mine["token_ids"])) if "token_ids" in mine else None
+                base["same_dtype"] = {"dtype": dtype, "autocast": hf["autocast"], "tok_s": hf["tok_s"],
+                                      "ours_tok_s": mine["tok_s"], "greedy_identical": same}
+            except RuntimeError as e:    # a failure is recorded, not hidden
                 base["same_dtype"] = {"dtype": dtype, "error": f"{type(e).__name__}: {e}"[:300]}
         rec["baseline"].append(base)
         say(f"transformers C{c}: {json.dumps(base)}")
@@ -248,8 +260,9 @@ def format_table(rec: dict) -> str:
             lines.append(f"transformers generate in {b['same_dtype']['dtype']}: failed ({b['same_dtype']['error'][:120]})")
         elif "same_dtype" in b:
             d = b["same_dtype"]
-            lines.append(f"transformers generate C{b['concurrency']} in {d['dtype']}: {d['tok_s']} tok/s vs dspark "
-                         f"{d['ours_tok_s']} ({d['ours_tok_s'] / d['tok_s']:.2f}x)")
+            lines.append(f"transformers generate C{b['concurrency']} in {d['dtype']}{' (autocast)' if d.get('autocast') else ''}: "
+                         f"{d['tok_s']} tok/s vs dspark {d['ours_tok_s']} ({d['ours_tok_s'] / d['tok_s']:.2f}x), "
+                         f"greedy identical {d.get('greedy_identical')}/{b['concurrency']}")
     for p in rec["prefill"]:
         lines.append(f"prefill {p['prompt_tokens']:>6} tokens: {p['tok_s']:>10.1f} tok/s, MFU {100 * p['mfu']:.2f}%, "
                      f"peak {p['peak_mem_GiB']} GiB")
@@ -308,7 +321,8 @@ def main(argv=None) -> dict:
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
                     prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature,
-                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+                    progress=lambda line: print(line, file=sys.stderr, flush=True),
+                    partial=(lambda r: Path(a.out).write_text(json.dumps(r | {"partial": True}, indent=1))) if a.out else None)
     print(format_table(rec))
     if a.out: Path(a.out).write_text(json.dumps(rec, indent=1))
     return rec

@@ -34,8 +34,8 @@ from .tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'MAX_MTP_STEPS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'greedy_verify', 'ModelRunner',
-           'speculative_depth', 'frozen_heap', 'default_block_size', 'LLM']
+__all__ = ['log', 'MAX_MTP_STEPS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'greedy_verify', 'next_ids',
+           'ModelRunner', 'speculative_depth', 'frozen_heap', 'default_block_size', 'LLM']
 
 # %% ../nbs/10_engine.ipynb #0c202217
 @dataclass
@@ -92,6 +92,12 @@ def greedy_verify(drafts: list[int], targets: list[int]) -> tuple[int, list[int]
     a = 0
     while a < len(drafts) and drafts[a] == targets[a]: a += 1
     return a, drafts[:a] + [targets[a]]
+
+def next_ids(r: Request, toks: list[int], a: int, m: int) -> list[int]:
+    """The tokens at positions `a + 1 .. a + m` of `r`'s sequence once it commits `toks` (what MTP reads beside the
+    target's streams at positions `a .. a + m - 1`), without copying the whole sequence."""
+    N = r.num_tokens
+    return r.span(a + 1, min(a + m + 1, N)) + toks[max(0, a + 1 - N):max(0, a + m + 1 - N)]
 
 class ModelRunner:
     "Weights, KV cache and (optionally) a drafter; runs one step's chunks, verifies drafts, samples, proposes."
@@ -245,6 +251,7 @@ class ModelRunner:
             pending = [p for p, one in zip(pending, alone) if not one]
             if not pending: return
         if not self.observed and pending:
+            if ready is None and all(r.params.greedy for r, *_ in pending) and self._propose_graphed(pending): return
             pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
                             [self._positions(r, m) for r, _, m, _ in pending],
                             [r.all_ids + toks for r, *_, toks in pending] if pr.final else None,   # MTP reads the next tokens
@@ -261,6 +268,20 @@ class ModelRunner:
             if all(r.params.greedy for r, *_ in plan): drafts = pr.propose_greedy(*args)
             else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
             for (r, *_), d in zip(plan, drafts): r.drafts = d
+
+    def _propose_graphed(self, pending: list) -> bool:
+        """MTP's observing and greedy drafting for a step's verified requests as one graph replay (chapter 30),
+        when the proposer has graphs that fit the step; returns whether it drafted. Every request drafts the full
+        depth on the device and keeps what fits its room."""
+        fn = getattr(self.proposer, "propose_graphed", None)
+        if fn is None: return False
+        firsts = [r.num_computed for r, *_ in pending]
+        nxt = [next_ids(r, toks, a, m) for (r, _, m, toks), a in zip(pending, firsts)]
+        drafts = fn([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
+                    firsts, nxt)
+        if drafts is None: return False
+        for (r, _, m, toks), d in zip(pending, drafts): r.drafts = d[:max(0, self._room(r, r.num_computed + m, toks))]
+        return True
 
     def _room(self, r: Request, P: int, toks: list[int]) -> int:
         "Drafts a request may take at anchor position `P`: the depth, bounded by the context and its max_tokens."

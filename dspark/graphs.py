@@ -36,7 +36,7 @@ log = logging.getLogger("dspark")
 __all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'entry_store',
            'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static', 'StepOutputs',
            'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'GraphRunner',
-           'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+           'capture_buckets', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -412,12 +412,17 @@ class GraphRunner:
             try: pr.graphs = DraftGraphs(pr, max_num_seqs)
             except RuntimeError as e:                      # still correct without: the batched eager draft step
                 log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
+        elif hasattr(pr, "propose_graphed"):               # MTP: its greedy drafting (chapter 30)
+            from dspark.mtp_graphs import MTPGraphs
+            try: pr.graphs = MTPGraphs(pr, max_num_seqs)
+            except RuntimeError as e:
+                log.warning("MTP drafting not captured (%s: %s); drafting eagerly", type(e).__name__, e)
         draft_bytes = free0 - _free_bytes()
         g = cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
                 runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
                 context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
         g.graph_bytes += draft_bytes                       # the draft step's graphs count too
-        if getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 28: verify, accept and draft in one graph
+        if hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 28: a DSpark round in one graph
             from dspark.fused_round import RoundGraphs
             g.rounds = RoundGraphs(g, pr)
             g.graph_bytes += g.rounds.graph_bytes
@@ -504,6 +509,23 @@ class GraphRunner:
         return cut(out.logits[:N])
 
 # %% ../nbs/26_cuda_graphs.ipynb #6112f064
+def capture_buckets(run: Callable[[int], object], sizes: list[int], capture: bool = True) -> dict:
+    """`{n: (graph, outputs)}`: one CUDA graph of `run(n)` per bucket `n`, after a warm-up on a side stream (which
+    compiles the kernels), captured largest first into one pool. `capture=False` gives `{n: (None, run)}`: the
+    caller runs the same step eagerly on the same buffers (CPU tests of a buffer layout)."""
+    if not capture: return {n: (None, run) for n in sizes}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for n in sizes: run(n)
+    torch.cuda.current_stream().wait_stream(side)
+    pool, graphs = torch.cuda.graph_pool_handle(), {}
+    for n in sorted(sizes, reverse=True):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool): out = run(n)
+        graphs[n] = (g, out)
+    return graphs
+
 class DraftGraphs:
     """CUDA graphs of the DSpark draft step for the block size's drafts, one per request-count bucket: the greedy
     step (`DSparkProposer.draft_tensors`), and the sampled step (`draft_rows`) with and without top-k/top-p,
@@ -529,20 +551,7 @@ class DraftGraphs:
         return RowParams(self.temperature[:n], self.seed[:n], self.top_k[:n] if filtered else None,
                          self.top_p[:n] if filtered else None, greedy=True)
 
-    def _capture(self, run) -> dict:
-        "Warm up on a side stream (compiles the kernels), then one graph per bucket, largest first, one pool."
-        if not self.capture: return {n: (None, run) for n in self.sizes}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for n in self.sizes: run(n)
-        torch.cuda.current_stream().wait_stream(side)
-        pool, graphs = torch.cuda.graph_pool_handle(), {}
-        for n in sorted(self.sizes, reverse=True):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool): out = run(n)
-            graphs[n] = (g, out)
-        return graphs
+    def _capture(self, run) -> dict: return capture_buckets(run, self.sizes, self.capture)
 
     def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
 

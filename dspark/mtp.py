@@ -33,12 +33,14 @@ class MTPStage(Block):
         self.hc_head_scale = nn.Parameter(torch.ones(1))
 
 class MTPRing:
-    "Per-request MTP window rows and the position each slot holds (`sliding_window + lookahead` slots)."
+    """Per-request MTP window rows and the position each slot holds (`sliding_window + lookahead` slots), plus one
+    spare request slot, `scratch`, where the padding rows of a captured step write (no request reads it)."""
     def __init__(self, cfg: ModelConfig, max_seqs: int, lookahead: int, dtype, device):
         self.w, n = cfg.sliding_window, cfg.sliding_window + lookahead
-        self.rows = torch.zeros(max_seqs, n, cfg.head_dim, dtype=dtype, device=device)
-        self.pos = torch.full((max_seqs, n), -1, dtype=torch.long, device=device)
+        self.rows = torch.zeros(max_seqs + 1, n, cfg.head_dim, dtype=dtype, device=device)
+        self.pos = torch.full((max_seqs + 1, n), -1, dtype=torch.long, device=device)
         self.owner: list[str | None] = [None] * max_seqs
+        self.scratch = max_seqs
     def claim(self, slot: int, rid: str):
         if self.owner[slot] != rid: self.pos[slot] = -1; self.owner[slot] = rid
     def write(self, slot: int, rows: torch.Tensor, positions: torch.Tensor):

@@ -273,6 +273,19 @@ class MTPProposer:
         q = [self.q.get(r.request_id, none)[:K] for r in reqs]
         return torch.stack([torch.nn.functional.pad(x, (0, 0, 0, K - len(x))) for x in q])
 
+    graphs = None       # on CUDA, chapter 30's `MTPGraphs`: a step's greedy drafting in one replay
+
+    def propose_graphed(self, slots: list[int], rids: list[str], finals: list[torch.Tensor], firsts: list[int],
+                        next_ids: list[list[int]]) -> list[list[int]] | None:
+        """`observe_many` then `propose_greedy` of `lookahead` drafts for every request, as one replay of
+        chapter 30's graphs: request `i` committed `len(finals[i])` positions from `firsts[i]`, whose next tokens
+        are `next_ids[i]`. None when there are no graphs or the step does not fit them (the caller drafts eagerly)."""
+        if self.graphs is None or not self.graphs.fits([f.shape[0] for f in finals]): return None
+        for slot, rid in zip(slots, rids):
+            self.ring.claim(slot, rid)
+            self.last.pop(rid, None); self.q.pop(rid, None)   # drafted on the device: no host-side MTP state
+        return self.graphs(slots, finals, firsts, next_ids)
+
     def forget(self, rid: str) -> None:
         "A finished or aborted request's MTP state and draft distributions are dropped."
         self.q.pop(rid, None); self.last.pop(rid, None)

@@ -30,6 +30,7 @@ def _():
             tg = [o.outputs[0].token_ids for o in g.generate(PROMPTS, SP, use_tqdm=False)]
             out[mode] = {"identical": te == tg, "replays": g.graphs.replays, "eager_steps": g.graphs.eager_steps,
                          "round_replays": g.graphs.rounds.replays if g.graphs.rounds else 0,
+                         "draft_graph_replays": getattr(getattr(g.runner.proposer, "graphs", None), "replays", None),
                          "summary": g.graphs.summary()}
     return out
 

@@ -1,0 +1,120 @@
+"""Chapter 30: MTP drafting in fixed shapes (the CUDA-graph layout), run uncaptured on the CPU against the eager
+MTP proposer of chapter 14."""
+import copy
+
+import pytest
+import torch
+
+import dspark
+from dspark import LLM, SamplingParams
+from dspark.capacity_control import sweep_prompts
+from dspark.checkpoint import DEFAULT_MODEL
+from dspark.engine import next_ids
+from dspark.mtp import MTPRing, load_mtp
+from dspark.mtp_graphs import MTPGraphs, static_step
+from dspark.scheduler import Request
+
+KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def mtp(tmp_path_factory):
+    ck = dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("mtp"), seed=3, drafter="mtp")
+    return load_mtp(ck, dspark.load_target(ck, device="cpu", dtype="float32"))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_static_step_equals_step_many(mtp, seed):
+    """Random requests (chunk lengths 1..4, stale draft rows in their rings), padding rows and padding requests:
+    the real rows' logits and streams, and every request's ring, equal `step_many`'s; padding writes only the
+    scratch slot, which stays invisible (position -1)."""
+    cfg, g = mtp.cfg, torch.Generator().manual_seed(seed)
+    ring = MTPRing(cfg, 5, 3, torch.float32, "cpu")
+    n = ring.rows.shape[1]
+    R = int(torch.randint(1, 5, (1,), generator=g))
+    slots = torch.randperm(5, generator=g)[:R].tolist()
+    counts = torch.randint(1, 5, (R,), generator=g).tolist()
+    firsts = torch.randint(0, 3 * n, (R,), generator=g).tolist()
+    for s, a in zip(slots, firsts):                      # history up to a, plus stale drafts at and after it
+        top = a + int(torch.randint(0, 4, (1,), generator=g))
+        ring.rows[s] = torch.randn(ring.rows.shape[1:], generator=g)
+        p = torch.arange(top - n, top)
+        ring.pos[s, p.clamp(min=0) % n] = torch.where(p >= 0, p, -1)
+    T = sum(counts)
+    h = torch.randn(T, cfg.hc_mult, cfg.hidden_size, generator=g)
+    nxt = torch.randint(0, cfg.vocab_size, (T,), generator=g)
+    pos = torch.cat([torch.arange(a, a + m) for a, m in zip(firsts, counts)])
+    want_ring = copy.deepcopy(ring)
+    want, want_x = mtp.step_many(h, nxt, pos, want_ring, slots, counts, firsts)
+    pad_rows, pad_reqs = int(torch.randint(0, 4, (1,), generator=g)), int(torch.randint(0, 3, (1,), generator=g))
+    z = torch.zeros(pad_rows, dtype=torch.long)
+    got, got_x = static_step(
+        mtp, torch.cat([h, torch.randn(pad_rows, *h.shape[1:], generator=g)]), torch.cat([nxt, z]), torch.cat([pos, z]),
+        torch.tensor([i for i, m in enumerate(counts) for _ in range(m)] + [-1] * pad_rows), ring,
+        torch.tensor(slots + [ring.scratch] * pad_reqs), torch.tensor(firsts + [0] * pad_reqs),
+        torch.tensor([a + m - 1 for a, m in zip(firsts, counts)] + [0] * pad_reqs))
+    torch.testing.assert_close(got[:T], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_x[:T], want_x, rtol=1e-5, atol=1e-5)
+    for s in range(5):
+        torch.testing.assert_close(ring.pos[s], want_ring.pos[s])
+        torch.testing.assert_close(ring.rows[s], want_ring.rows[s])
+    assert (ring.pos[ring.scratch] == -1).all()
+
+
+def test_next_ids_slices_the_committed_sequence():
+    r = Request("r", [1, 2, 3, 4], SamplingParams(), 0, output_ids=[5, 6], drafts=[90, 91, 92])
+    for toks in ([7], [7, 8, 9]):
+        seq = r.all_ids + toks
+        for a in range(len(seq)):
+            for m in range(1, len(seq) - a):
+                assert next_ids(r, toks, a, m) == seq[a + 1:a + m + 1], (toks, a, m)
+
+
+def _run(llm, prompts, params, graphed: bool):
+    "Step by step: each request's drafts after every step, and the final tokens."
+    if graphed: llm.runner.proposer.graphs = MTPGraphs(llm.runner.proposer, KV["max_num_seqs"], capture=False)
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    reqs, seen = {}, []
+    while llm.has_unfinished_requests():
+        llm.step()
+        reqs |= {r.request_id: r for r in llm.scheduler.running}
+        seen.append({rid: list(r.drafts) for rid, r in reqs.items() if r.finish_reason is None})
+    return [llm.pop_output(i).outputs[0].token_ids for i in ids], seen, llm.spec_stats()
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_uncaptured_graphs_draft_as_the_eager_proposer(K):
+    """The embedded trained model's MTP layer (its drafts are accepted, so steps commit 1..K+1 positions): with the
+    graphs' layout the engine proposes the same drafts at every step and produces the same tokens and acceptance.
+    Requests of different lengths finish at different steps, leaving padding in the bucket."""
+    prompts = sweep_prompts(DEFAULT_MODEL, 3, 24)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 11, 16)]
+    make = lambda: LLM(DEFAULT_MODEL / "mtp", speculative="mtp", num_speculative_tokens=K, **KV)
+    want = _run(make(), prompts, params, graphed=False)
+    llm = make()
+    got = _run(llm, prompts, params, graphed=True)
+    assert got == want
+    assert llm.runner.proposer.graphs.replays > 5
+    assert want[2]["mean_acceptance_length"] > 1.2          # steps with accepted drafts were exercised
+
+
+def test_sampled_requests_keep_the_eager_path():
+    """A step with a sampled request drafts eagerly (its drafts need their distributions); greedy-only steps
+    replay. Every request's tokens equal those without graphs."""
+    prompts = sweep_prompts(DEFAULT_MODEL, 2, 16)
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=1.0, max_tokens=14, seed=3, ignore_eos=True)]
+    make = lambda: LLM(DEFAULT_MODEL / "mtp", speculative="mtp", num_speculative_tokens=2, **KV)
+    want = _run(make(), prompts, params, graphed=False)
+    llm = make()
+    graphed = llm.runner.proposer.graphs = MTPGraphs(llm.runner.proposer, KV["max_num_seqs"], capture=False)
+    calls = []
+    eager = llm.runner.proposer.propose_sampled
+    llm.runner.proposer.propose_sampled = lambda *a: calls.append(len(a[0])) or eager(*a)
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while llm.has_unfinished_requests(): llm.step()
+    assert [llm.pop_output(i).outputs[0].token_ids for i in ids] == want[0]
+    assert calls and graphed.replays == 0                  # the sampled request outlives the greedy one
+    llm2 = make()
+    alone = _run(llm2, prompts[:1], params[:1], graphed=True)
+    assert alone[0] == [want[0][0]] and llm2.runner.proposer.graphs.replays > 0
