@@ -8,25 +8,7 @@ from dspark.capacity_control import sweep_prompts
 from dspark.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 prompt = sweep_prompts(DEFAULT_MODEL, 1, 128)
-def ev_time(fn, n=200):
-    for _ in range(10): fn()
-    torch.cuda.synchronize(); a, b = torch.cuda.Event(True), torch.cuda.Event(True); a.record()
-    for _ in range(n): fn()
-    b.record(); torch.cuda.synchronize(); return a.elapsed_time(b) / n
-def kernels(fn, n=50):
-    for _ in range(5): fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n): fn()
-        torch.cuda.synchronize()
-    agg = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            a = agg[e.name[:60]]; a[0] += 1; a[1] += e.device_time
-    top = sorted(agg.items(), key=lambda kv: -kv[1][1])
-    return {"kernels_per_replay": round(sum(v[0] for v in agg.values()) / n, 1),
-            "kernel_ms_per_replay": round(sum(v[1] for v in agg.values()) / n / 1000, 4),
-            "top": [[k, round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in top[:18]]}   # name, per replay, µs per replay
+from round_profile_lib import ev_time, kernels
 for mode in (None, "dspark"):
     llm = dspark.LLM(DEFAULT_MODEL, speculative=mode, device="cuda", dtype="bfloat16", max_num_seqs=16,
                      max_model_len=512, kv_cache_memory_bytes=2**30, enable_prefix_caching=False)

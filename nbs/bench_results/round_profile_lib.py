@@ -1,0 +1,22 @@
+"""Timing and kernel-profile helpers shared by the profiling scripts (CUDA events; torch.profiler)."""
+import collections, torch
+from torch.profiler import profile, ProfilerActivity
+def ev_time(fn, n=200):
+    for _ in range(10): fn()
+    torch.cuda.synchronize(); a, b = torch.cuda.Event(True), torch.cuda.Event(True); a.record()
+    for _ in range(n): fn()
+    b.record(); torch.cuda.synchronize(); return a.elapsed_time(b) / n
+def kernels(fn, n=50):
+    for _ in range(5): fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n): fn()
+        torch.cuda.synchronize()
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            a = agg[e.name[:60]]; a[0] += 1; a[1] += e.device_time
+    top = sorted(agg.items(), key=lambda kv: -kv[1][1])
+    return {"kernels_per_replay": round(sum(v[0] for v in agg.values()) / n, 1),
+            "kernel_ms_per_replay": round(sum(v[1] for v in agg.values()) / n / 1000, 4),
+            "top": [[k, round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in top[:18]]}   # name, per replay, µs per replay
