@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from .attention import window_mask
+from .attention import sink_attention
 from .graphs import HostStage, bucket_sizes, capture_buckets
 
 
@@ -19,32 +19,43 @@ from .graphs import HostStage, bucket_sizes, capture_buckets
 __all__ = ['static_step', 'MTPGraphs']
 
 # %% ../nbs/30_mtp_graphs.ipynb #27e6d938
+def _rows_attention(mtp, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    "The MTP layer's sink attention with keys per row: `q [1, T, H, d]`, `keys [T, S, d]`, `mask [T, S]` -> `[1, T, H, d]`."
+    a = mtp.mtp[0].attn
+    return sink_attention(q[0][:, None], keys, mask[:, None], a.attn_sink, mtp.cfg.head_dim ** -0.5)[:, 0][None]
+
 def static_step(mtp, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, row_req: torch.Tensor,
-                ring, slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor):
+                ring, slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor, width: int):
     """`MTPDrafter.step_many` in fixed shapes, for a CUDA graph: rows `h [T, hc, D]` at `positions [T]` belong to
-    request row `row_req [T]` (-1: padding) of `B = len(slots)` request rows, whose chunk spans positions
-    `first[i]..last[i]`. Keys are every request row's ring (`slots [B]`; padding rows name the ring's scratch
-    slot) and the call's own rows. A mask keeps each row to its request's window and its ring rows before the
-    chunk. Padding rows see no key; their outputs are garbage that nobody reads. Ring writes are scatters in
-    which padding rows, and rows older than the request's newest ring-full, all land in the scratch slot (with
-    position -1, so it never holds a visible row). No boolean indexing, no host copy."""
-    w, n, B = mtp.cfg.sliding_window, ring.rows.shape[1], slots.shape[0]
+    request row `row_req [T]` (-1: padding) of the request rows `slots`, `first`, `last`, `start` (`[B]` each:
+    its ring slot, padding rows naming the ring's scratch slot; the first and last position of its chunk; the row
+    of its first position). A request's rows are consecutive, at most `width` of them. Each row's keys are
+    gathered for it: its own request's ring (rows before the chunk, inside the window) and its request's rows of
+    this call (causal, inside the window), `[T, n + width]` keys in all. So work and memory grow with the rows,
+    where one mask over every request's keys grew with rows × requests: 0.27 GB for each copy of the attention
+    logits at 64 requests of a V4-Flash-sized layer (64 heads, a 128-token window, one draft). Padding rows see no key; their outputs are garbage that nobody reads. Ring writes
+    are scatters: padding rows, and rows older than the request's newest ring-full, land in the scratch slot with
+    position -1, so it never holds a visible row. No boolean indexing, no host copy."""
+    w, n, T = mtp.cfg.sliding_window, ring.rows.shape[1], h.shape[0]
     valid = row_req >= 0
     rq = row_req.clamp(min=0)
+    inside = lambda d: (d >= 0) & (d < w)                       # a key position `d` before the query, in the window
     def attend(q, kv):
-        old, opos = ring.rows[slots].reshape(B * n, -1), ring.pos[slots]               # [B·n, d], [B, n]
-        fresh = ((opos >= 0) & (opos < first[:, None])).reshape(-1)                    # rows before the chunk
-        kreq = torch.arange(B * n, device=h.device) // n      # not repeat_interleave: it copies its count from the host
-        vis_ring = (row_req[:, None] == kreq[None]) & fresh[None] & window_mask(positions, opos.reshape(-1), w)
-        vis_step = (row_req[:, None] == row_req[None]) & valid[None] & window_mask(positions, positions, w)
-        o = mtp._attention(q, torch.cat([old.to(kv.dtype), kv[0]]), torch.cat([vis_ring, vis_step], 1))
+        own = slots[rq]
+        rk, rp = ring.rows[own], ring.pos[own]                  # [T, n, d], [T, n]: each row's request's ring
+        vis_ring = valid[:, None] & (rp >= 0) & (rp < first[rq][:, None]) & inside(positions[:, None] - rp)
+        j = torch.arange(width, device=h.device)
+        cols = (start[rq][:, None] + j).clamp(0, T - 1)           # [T, width]: the request's rows of this call
+        vis_step = (valid[:, None] & (j < (last - first + 1)[rq][:, None])
+                    & inside(positions[:, None] - positions[cols]))
+        keys = torch.cat([rk.to(kv.dtype), kv[0][cols]], 1)
+        o = _rows_attention(mtp, q, keys, torch.cat([vis_ring, vis_step], 1))
         keep = valid & (positions > last[rq] - n)          # each request's newest ring-full: one writer a place
-        dst, at = torch.where(keep, slots[rq], ring.scratch), positions.clamp(min=0) % n
+        dst, at = torch.where(keep, own, ring.scratch), positions.clamp(min=0) % n
         ring.rows[dst, at] = kv[0].to(ring.rows.dtype)
         ring.pos[dst, at] = torch.where(keep, positions, -1)
         return o
     return mtp._layer(h, next_ids, positions, attend)
-
 
 # %% ../nbs/30_mtp_graphs.ipynb #90d0501d
 class MTPGraphs:
@@ -61,8 +72,9 @@ class MTPGraphs:
         z = lambda n, v=0: torch.full((n,), v, dtype=torch.long, device=dev)
         self.h = torch.zeros(T, cfg.hc_mult, cfg.hidden_size, dtype=mtp.target.embed.weight.dtype, device=dev)
         self.next_ids, self.positions, self.row_req = z(T), z(T), z(T, -1)
-        self.slots, self.first, self.last, self.last_row, self.live = z(B, ring.scratch), z(B), z(B), z(B), z(B, -1)
-        names = ("next_ids", "positions", "row_req", "slots", "first", "last", "last_row", "live")
+        self.slots, self.first, self.last, self.start, self.last_row = z(B, ring.scratch), z(B), z(B), z(B), z(B)
+        self.live, self.own_row = z(B, -1), torch.arange(B, device=dev)     # draft steps: one row a request
+        names = ("next_ids", "positions", "row_req", "slots", "first", "last", "start", "last_row", "live")
         self.stage = HostStage({k: getattr(self, k) for k in names})
         self.sizes, self.replays = bucket_sizes(max_num_seqs), 0
         self.graphs = capture_buckets(self.run, self.sizes, capture)
@@ -73,13 +85,13 @@ class MTPGraphs:
         mtp, ring, T = self.pr.mtp, self.pr.ring, b * self.W
         sl, last = self.slots[:b], self.last[:b]
         logits, x = static_step(mtp, self.h[:T], self.next_ids[:T], self.positions[:T], self.row_req[:T], ring,
-                                sl, self.first[:b], last)
+                                sl, self.first[:b], last, self.start[:b], self.W)
         rows = self.last_row[:b]
         drafts = [logits[rows].argmax(-1)]                     # row P-1 with the anchor: predicts P+1
         state = x[rows]
         for k in range(1, self.K):                             # MTP position P+k-1 with draft k: predicts P+k+1
             pos = last + k
-            lg, state = static_step(mtp, state, drafts[-1], pos, self.live[:b], ring, sl, pos, pos)
+            lg, state = static_step(mtp, state, drafts[-1], pos, self.live[:b], ring, sl, pos, pos, self.own_row[:b], 1)
             drafts.append(lg.argmax(-1))
         return torch.stack(drafts, 1)
 
@@ -105,10 +117,11 @@ class MTPGraphs:
         h["slots"][:R], h["slots"][R:b] = slots, self.pr.ring.scratch
         h["first"][:R], h["first"][R:b] = firsts, 0
         h["last"][:R], h["last"][R:b] = [a + m - 1 for a, m in zip(firsts, counts)], 0
+        h["start"][:R], h["start"][R:b] = [e - m for e, m in zip(ends, counts)], 0
         h["last_row"][:R], h["last_row"][R:b] = [e - 1 for e in ends], 0
         h["live"][:R], h["live"][R:b] = range(R), -1
         for name in ("next_ids", "positions", "row_req"): self.stage.send(getattr(self, name), name, Tb)
-        for name in ("slots", "first", "last", "last_row", "live"): self.stage.send(getattr(self, name), name, b)
+        for name in ("slots", "first", "last", "start", "last_row", "live"): self.stage.send(getattr(self, name), name, b)
         self.stage.sent()
         torch.cat(finals, out=self.h[:T])
         g, out = self.graphs[b]

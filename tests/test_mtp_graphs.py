@@ -52,7 +52,8 @@ def test_static_step_equals_step_many(mtp, seed):
         mtp, torch.cat([h, torch.randn(pad_rows, *h.shape[1:], generator=g)]), torch.cat([nxt, z]), torch.cat([pos, z]),
         torch.tensor([i for i, m in enumerate(counts) for _ in range(m)] + [-1] * pad_rows), ring,
         torch.tensor(slots + [ring.scratch] * pad_reqs), torch.tensor(firsts + [0] * pad_reqs),
-        torch.tensor([a + m - 1 for a, m in zip(firsts, counts)] + [0] * pad_reqs))
+        torch.tensor([a + m - 1 for a, m in zip(firsts, counts)] + [0] * pad_reqs),
+        torch.tensor([sum(counts[:i]) for i in range(R)] + [0] * pad_reqs), 5)   # width past the longest chunk
     torch.testing.assert_close(got[:T], want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_x[:T], want_x, rtol=1e-5, atol=1e-5)
     for s in range(5):
