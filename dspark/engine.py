@@ -80,6 +80,8 @@ class _Track:
     text: str = ""
     sent: int = 0
     logprobs: list = field(default_factory=list)
+    stop: frozenset = frozenset()        # token ids that end it: its stop_token_ids, and eos unless ignored (built once,
+                                         # not twice a step)
 
 # %% ../nbs/10_engine.ipynb #99a4e012
 def _same(decision, what: str = "decision"):
@@ -490,7 +492,8 @@ class LLM:
         self._count += 1
         req = Request(rid, ids, params, seed)
         holdback = max((len(s) for s in params.stop or []), default=1) - 1
-        self._tracks[rid] = _Track(req, text, IncrementalDetokenizer(self.tokenizer), holdback=holdback)
+        self._tracks[rid] = _Track(req, text, IncrementalDetokenizer(self.tokenizer), holdback=holdback,
+                                   stop=frozenset(self._stop_ids(params)))
         self.scheduler.add(req)
         return rid
 
@@ -505,7 +508,7 @@ class LLM:
         by_id = {r.request_id: r for r, _ in batch}
         for rid, (adv, toks) in outcome.items():               # an accepted stop token ends the round there
             r = by_id[rid]
-            toks = truncate_at_stop(toks, self._stop_ids(r.params))
+            toks = truncate_at_stop(toks, self._tracks[rid].stop)
             outcome[rid] = (adv, toks[: r.params.max_tokens - len(r.output_ids)])
         updated, reasons, deltas = self.scheduler.update(batch, outcome), {}, []
         for r in updated:
@@ -537,7 +540,7 @@ class LLM:
             if s in t.text[max(0, t.sent - len(s)):]:
                 t.text = t.text[: t.text.index(s, max(0, t.sent - len(s)))]
                 return "stop"
-        reason = ("stop" if new[-1] in self._stop_ids(sp) else
+        reason = ("stop" if new[-1] in t.stop else
                   "length" if len(r.output_ids) >= sp.max_tokens or r.num_tokens >= self.max_model_len else None)
         if reason: t.text += t.detok.flush()                  # text held back mid-character
         return reason

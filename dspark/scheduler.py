@@ -206,13 +206,13 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def schedule(self) -> list[tuple[Request, int]]:
-        budget, out = self.sc.max_num_batched_tokens, []
-        for req in list(self.running):
-            if req not in self.running or budget == 0: continue
+        budget, out, gone = self.sc.max_num_batched_tokens, [], set()   # gone: preempted by this call (a set: a
+        for req in list(self.running):                                 # list membership test was O(R) a request)
+            if req in gone or budget == 0: continue
             n = min(req.num_tokens - req.num_computed + len(req.drafts), budget)   # drafts ride along to be verified
             while not self.kv.allocate(req, n):
                 victim = self.running[-1]
-                self._preempt(victim)
+                self._preempt(victim); gone.add(victim)
                 if victim is req: break
             else:
                 out.append((req, n)); budget -= n
