@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/mtp.html.md"""
 # %% ../nbs/14_mtp.ipynb #2bd8f7be
 from __future__ import annotations
 
+import itertools
 import re
 
 import torch
@@ -80,24 +81,49 @@ class MTPDrafter(nn.Module):
                   slots: list[int], counts: list[int], firsts: list[int]):
         """`step` for several requests in one forward: request `i` (ring slot `slots[i]`) brings `counts[i]`
         consecutive positions from `firsts[i]`, laid out one request after another in `h`, `next_ids` and
-        `positions`. Keys are every request's ring rows plus the call's own rows; a mask keeps each token to its
-        own request's window, and ring rows at or after its chunk's first position (stale drafts) out of it."""
-        cfg, dev = self.cfg, h.device
-        R, n, w = len(slots), ring.rows.shape[1], cfg.sliding_window
-        req = torch.repeat_interleave(torch.arange(R, device=dev), torch.tensor(counts, device=dev))      # [T]
-        sl, first = torch.tensor(slots, device=dev), torch.tensor(firsts, device=dev)
-        last = first + torch.tensor(counts, device=dev) - 1
+        `positions`. The layout goes to the device in one copy; `step_rows` does the rest."""
+        R = len(slots)
+        starts = [0, *itertools.accumulate(counts)][:-1]
+        lay = torch.tensor([*slots, *firsts, *(a + c - 1 for a, c in zip(firsts, counts)), *starts,
+                            *(i for i, c in enumerate(counts) for _ in range(c))], device=h.device)
+        return self.step_rows(h, next_ids, positions, lay[4 * R:], ring, lay[:R], lay[R:2 * R], lay[2 * R:3 * R],
+                              lay[3 * R:4 * R], max(counts))
+
+    @torch.no_grad()
+    def step_rows(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, row_req: torch.Tensor,
+                  ring: MTPRing, slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor,
+                  width: int):
+        """The batched step in fixed shapes, all on the device (what `step_many` and chapter 30's graphs run): rows
+        `h [T, hc, D]` at `positions [T]` belong to request row `row_req [T]` (-1: padding) of the request rows
+        `slots`, `first`, `last`, `start` (`[B]` each: its ring slot, padding rows naming the ring's scratch slot;
+        the first and last position of its chunk; the row of its first position). A request's rows are
+        consecutive, at most `width` of them. Each row's keys are gathered for it: its own request's ring (rows
+        before the chunk, inside the window) and its request's rows of this call (causal, inside the window),
+        `[T, n + width]` keys in all, so work and memory grow with the rows. (One mask over every request's keys
+        grew with rows × requests: 0.27 GB for each copy of the attention logits at 64 requests of a
+        V4-Flash-sized layer.) Padding rows see no key; their outputs are garbage that nobody reads. Ring writes
+        are scatters: padding rows, and rows older than the request's newest ring-full, land in the scratch slot
+        with position -1, so it never holds a visible row. No boolean indexing, no host copy."""
+        w, n, T = self.cfg.sliding_window, ring.rows.shape[1], h.shape[0]
+        valid = row_req >= 0
+        rq = row_req.clamp(min=0)
+        inside = lambda d: (d >= 0) & (d < w)                       # a key position `d` before the query, in the window
         def attend(q, kv):
-            old, opos = ring.rows[sl].reshape(R * n, -1), ring.pos[sl]                     # [R·n, d], [R, n]
-            fresh = ((opos >= 0) & (opos < first[:, None])).reshape(-1)                    # rows before the chunk
-            kreq = torch.arange(R, device=dev).repeat_interleave(n)
-            vis_ring = (req[:, None] == kreq[None]) & fresh[None] & window_mask(positions, opos.reshape(-1), w)
-            vis_step = (req[:, None] == req[None]) & window_mask(positions, positions, w)
-            o = self._attention(q, torch.cat([old.to(kv.dtype), kv[0]]), torch.cat([vis_ring, vis_step], 1))
-            keep = positions > last[req] - n                  # each request's newest ring-full: one writer a place
-            ring.rows[sl[req][keep], positions[keep] % n] = kv[0][keep].to(ring.rows.dtype)
-            ring.pos[sl[req][keep], positions[keep] % n] = positions[keep]
-            return o
+            own = slots[rq]
+            rk, rp = ring.rows[own], ring.pos[own]                  # [T, n, d], [T, n]: each row's request's ring
+            vis_ring = valid[:, None] & (rp >= 0) & (rp < first[rq][:, None]) & inside(positions[:, None] - rp)
+            j = torch.arange(width, device=h.device)
+            cols = (start[rq][:, None] + j).clamp(0, T - 1)           # [T, width]: the request's rows of this call
+            vis_step = (valid[:, None] & (j < (last - first + 1)[rq][:, None])
+                        & inside(positions[:, None] - positions[cols]))
+            a = self.mtp[0].attn                                      # sink attention, keys per row
+            o = sink_attention(q[0][:, None], torch.cat([rk.to(kv.dtype), kv[0][cols]], 1),
+                               torch.cat([vis_ring, vis_step], 1)[:, None], a.attn_sink, self.cfg.head_dim ** -0.5)
+            keep = valid & (positions > last[rq] - n)          # each request's newest ring-full: one writer a place
+            dst, at = torch.where(keep, own, ring.scratch), positions.clamp(min=0) % n
+            ring.rows[dst, at] = kv[0].to(ring.rows.dtype)
+            ring.pos[dst, at] = torch.where(keep, positions, -1)
+            return o[:, 0][None]
         return self._layer(h, next_ids, positions, attend)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -11,51 +11,11 @@ import itertools
 
 import torch
 
-from .attention import sink_attention
 from .graphs import HostStage, bucket_sizes, capture_buckets
 
 
 # %% auto #0
-__all__ = ['static_step', 'MTPGraphs']
-
-# %% ../nbs/30_mtp_graphs.ipynb #27e6d938
-def _rows_attention(mtp, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    "The MTP layer's sink attention with keys per row: `q [1, T, H, d]`, `keys [T, S, d]`, `mask [T, S]` -> `[1, T, H, d]`."
-    a = mtp.mtp[0].attn
-    return sink_attention(q[0][:, None], keys, mask[:, None], a.attn_sink, mtp.cfg.head_dim ** -0.5)[:, 0][None]
-
-def static_step(mtp, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, row_req: torch.Tensor,
-                ring, slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor, width: int):
-    """`MTPDrafter.step_many` in fixed shapes, for a CUDA graph: rows `h [T, hc, D]` at `positions [T]` belong to
-    request row `row_req [T]` (-1: padding) of the request rows `slots`, `first`, `last`, `start` (`[B]` each:
-    its ring slot, padding rows naming the ring's scratch slot; the first and last position of its chunk; the row
-    of its first position). A request's rows are consecutive, at most `width` of them. Each row's keys are
-    gathered for it: its own request's ring (rows before the chunk, inside the window) and its request's rows of
-    this call (causal, inside the window), `[T, n + width]` keys in all. So work and memory grow with the rows,
-    where one mask over every request's keys grew with rows × requests: 0.27 GB for each copy of the attention
-    logits at 64 requests of a V4-Flash-sized layer (64 heads, a 128-token window, one draft). Padding rows see no key; their outputs are garbage that nobody reads. Ring writes
-    are scatters: padding rows, and rows older than the request's newest ring-full, land in the scratch slot with
-    position -1, so it never holds a visible row. No boolean indexing, no host copy."""
-    w, n, T = mtp.cfg.sliding_window, ring.rows.shape[1], h.shape[0]
-    valid = row_req >= 0
-    rq = row_req.clamp(min=0)
-    inside = lambda d: (d >= 0) & (d < w)                       # a key position `d` before the query, in the window
-    def attend(q, kv):
-        own = slots[rq]
-        rk, rp = ring.rows[own], ring.pos[own]                  # [T, n, d], [T, n]: each row's request's ring
-        vis_ring = valid[:, None] & (rp >= 0) & (rp < first[rq][:, None]) & inside(positions[:, None] - rp)
-        j = torch.arange(width, device=h.device)
-        cols = (start[rq][:, None] + j).clamp(0, T - 1)           # [T, width]: the request's rows of this call
-        vis_step = (valid[:, None] & (j < (last - first + 1)[rq][:, None])
-                    & inside(positions[:, None] - positions[cols]))
-        keys = torch.cat([rk.to(kv.dtype), kv[0][cols]], 1)
-        o = _rows_attention(mtp, q, keys, torch.cat([vis_ring, vis_step], 1))
-        keep = valid & (positions > last[rq] - n)          # each request's newest ring-full: one writer a place
-        dst, at = torch.where(keep, own, ring.scratch), positions.clamp(min=0) % n
-        ring.rows[dst, at] = kv[0].to(ring.rows.dtype)
-        ring.pos[dst, at] = torch.where(keep, positions, -1)
-        return o
-    return mtp._layer(h, next_ids, positions, attend)
+__all__ = ['MTPGraphs']
 
 # %% ../nbs/30_mtp_graphs.ipynb #90d0501d
 class MTPGraphs:
@@ -84,14 +44,14 @@ class MTPGraphs:
         "The drafting of bucket `b` (`b` request rows, `b·W` committed-row slots), from the buffers: drafts `[b, K]`."
         mtp, ring, T = self.pr.mtp, self.pr.ring, b * self.W
         sl, last = self.slots[:b], self.last[:b]
-        logits, x = static_step(mtp, self.h[:T], self.next_ids[:T], self.positions[:T], self.row_req[:T], ring,
-                                sl, self.first[:b], last, self.start[:b], self.W)
+        logits, x = mtp.step_rows(self.h[:T], self.next_ids[:T], self.positions[:T], self.row_req[:T], ring,
+                                  sl, self.first[:b], last, self.start[:b], self.W)
         rows = self.last_row[:b]
         drafts = [logits[rows].argmax(-1)]                     # row P-1 with the anchor: predicts P+1
         state = x[rows]
         for k in range(1, self.K):                             # MTP position P+k-1 with draft k: predicts P+k+1
             pos = last + k
-            lg, state = static_step(mtp, state, drafts[-1], pos, self.live[:b], ring, sl, pos, pos, self.own_row[:b], 1)
+            lg, state = mtp.step_rows(state, drafts[-1], pos, self.live[:b], ring, sl, pos, pos, self.own_row[:b], 1)
             drafts.append(lg.argmax(-1))
         return torch.stack(drafts, 1)
 

@@ -120,9 +120,9 @@ class DSparkProposer:
         return True
 
     def observe_many(self, slots: list[int], rids: list[str], feats: list[torch.Tensor], positions: list[torch.Tensor],
-                     ids: list[list[int]] | None = None, firsts: list[int] | None = None) -> None:
+                     next_ids: list[list[int]] | None = None, firsts: list[int] | None = None) -> None:
         """`observe` for a whole step's verified requests; of each, the newest `w` positions only (as `insert`), so no
-        two rows of one request race for a ring place. `ids` and `firsts` unused."""
+        two rows of one request race for a ring place. `next_ids` and `firsts` unused."""
         for slot, rid in zip(slots, rids): self.ctx.claim(slot, rid)
         w, dev = self.ctx.w, self.ctx.pos.device
         feats, positions = [f[-w:] for f in feats], [p[-w:] for p in positions]
@@ -225,15 +225,16 @@ class MTPProposer:
         return m <= 1 + self.lookahead
 
     def observe_many(self, slots: list[int], rids: list[str], finals: list[torch.Tensor], positions: list[torch.Tensor],
-                     ids: list[list[int]], firsts: list[int] | None = None) -> None:
+                     next_ids: list[list[int]], firsts: list[int] | None = None) -> None:
         """`observe` for a step's verified requests in one MTP forward (`MTPDrafter.step_many`): request `i`'s
-        committed `positions[i]` with the target's streams `finals[i]` and next tokens from `ids[i]`. `firsts`: each
-        request's first position, when the caller knows it on the host (the engine does); else read back once."""
+        committed `positions[i]` with the target's streams `finals[i]` and `next_ids[i]`, the tokens at those
+        positions + 1. `firsts`: each request's first position, when the caller knows it on the host (the engine
+        does); else read back once."""
         for slot, rid in zip(slots, rids): self.ring.claim(slot, rid)
         dev = finals[0].device
         if firsts is None: firsts = torch.stack([p[0] for p in positions]).tolist()   # one device-to-host copy
         counts = [len(p) for p in positions]
-        nxt = on_device([t for a, n, x in zip(firsts, counts, ids) for t in x[a + 1:a + n + 1]], torch.long, dev)
+        nxt = on_device([t for x in next_ids for t in x], torch.long, dev)
         logits, out = self.mtp.step_many(torch.cat(finals), nxt, torch.cat(positions), self.ring, slots, counts, firsts)
         ends = torch.tensor(counts).cumsum(0).tolist()
         for rid, e in zip(rids, ends): self.last[rid] = (logits[e - 1], out[e - 1:e])

@@ -11,7 +11,7 @@ from dspark.capacity_control import sweep_prompts
 from dspark.checkpoint import DEFAULT_MODEL
 from dspark.engine import next_ids
 from dspark.mtp import MTPRing, load_mtp
-from dspark.mtp_graphs import MTPGraphs, static_step
+from dspark.mtp_graphs import MTPGraphs
 from dspark.scheduler import Request
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
@@ -24,10 +24,10 @@ def mtp(tmp_path_factory):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_static_step_equals_step_many(mtp, seed):
-    """Random requests (chunk lengths 1..4, stale draft rows in their rings), padding rows and padding requests:
-    the real rows' logits and streams, and every request's ring, equal `step_many`'s; padding writes only the
-    scratch slot, which stays invisible (position -1)."""
+def test_step_rows_with_padding_equals_step_per_request(mtp, seed):
+    """Random requests (chunk lengths 1..4, stale draft rows in their rings), padding rows and padding requests,
+    a key width past the longest chunk: the real rows' logits and streams, and every request's ring, equal those
+    of `step` run request by request (the reference); padding writes only the scratch slot, which stays invisible."""
     cfg, g = mtp.cfg, torch.Generator().manual_seed(seed)
     ring = MTPRing(cfg, 5, 3, torch.float32, "cpu")
     n = ring.rows.shape[1]
@@ -37,6 +37,7 @@ def test_static_step_equals_step_many(mtp, seed):
     firsts = torch.randint(0, 3 * n, (R,), generator=g).tolist()
     for s, a in zip(slots, firsts):                      # history up to a, plus stale drafts at and after it
         top = a + int(torch.randint(0, 4, (1,), generator=g))
+        ring.claim(s, str(s))
         ring.rows[s] = torch.randn(ring.rows.shape[1:], generator=g)
         p = torch.arange(top - n, top)
         ring.pos[s, p.clamp(min=0) % n] = torch.where(p >= 0, p, -1)
@@ -44,18 +45,19 @@ def test_static_step_equals_step_many(mtp, seed):
     h = torch.randn(T, cfg.hc_mult, cfg.hidden_size, generator=g)
     nxt = torch.randint(0, cfg.vocab_size, (T,), generator=g)
     pos = torch.cat([torch.arange(a, a + m) for a, m in zip(firsts, counts)])
-    want_ring = copy.deepcopy(ring)
-    want, want_x = mtp.step_many(h, nxt, pos, want_ring, slots, counts, firsts)
+    want_ring, want, a = copy.deepcopy(ring), [], 0
+    for s, m in zip(slots, counts):
+        want.append(mtp.step(h[a:a + m], nxt[a:a + m], pos[a:a + m], want_ring, s)); a += m
     pad_rows, pad_reqs = int(torch.randint(0, 4, (1,), generator=g)), int(torch.randint(0, 3, (1,), generator=g))
     z = torch.zeros(pad_rows, dtype=torch.long)
-    got, got_x = static_step(
-        mtp, torch.cat([h, torch.randn(pad_rows, *h.shape[1:], generator=g)]), torch.cat([nxt, z]), torch.cat([pos, z]),
+    got, got_x = mtp.step_rows(
+        torch.cat([h, torch.randn(pad_rows, *h.shape[1:], generator=g)]), torch.cat([nxt, z]), torch.cat([pos, z]),
         torch.tensor([i for i, m in enumerate(counts) for _ in range(m)] + [-1] * pad_rows), ring,
         torch.tensor(slots + [ring.scratch] * pad_reqs), torch.tensor(firsts + [0] * pad_reqs),
         torch.tensor([a + m - 1 for a, m in zip(firsts, counts)] + [0] * pad_reqs),
         torch.tensor([sum(counts[:i]) for i in range(R)] + [0] * pad_reqs), 5)   # width past the longest chunk
-    torch.testing.assert_close(got[:T], want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_x[:T], want_x, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[:T], torch.cat([w[0] for w in want]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_x[:T], torch.cat([w[1] for w in want]), rtol=1e-5, atol=1e-5)
     for s in range(5):
         torch.testing.assert_close(ring.pos[s], want_ring.pos[s])
         torch.testing.assert_close(ring.rows[s], want_ring.rows[s])
