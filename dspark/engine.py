@@ -256,7 +256,7 @@ class ModelRunner:
             if ready is None and all(r.params.greedy for r, *_ in pending) and self._propose_graphed(pending): return
             pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
                             [self._positions(r, m) for r, _, m, _ in pending],
-                            [next_ids(r, toks, r.num_computed, m) for r, _, m, toks in pending] if pr.final else None,   # MTP's
+                            [next_ids(r, toks, r.num_computed, m) for r, _, m, toks in pending] if pr.final else None,   # MTP reads them
                             [r.num_computed for r, *_ in pending])      # first positions, known here: no read-back
         plan = []
         for r, _, m, toks in pending:
