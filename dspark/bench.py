@@ -87,7 +87,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     runs of the batch, timed end to end; the step time comes from one more run that syncs after every step."""
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
               enforce_eager=eager,
-              max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 2 * len(prompts) * 8),
+              max_num_seqs=len(prompts), max_num_batched_tokens=max(8192, 2 * len(prompts) * 8),   # prefill_run's chunk
               max_model_len=max(len(p) for p in prompts) + max_tokens + (k or 0) + 8,   # what the run needs: the
               # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
               # would make every step score 256K columns)
@@ -95,8 +95,11 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
               enable_prefix_caching=False)   # the repeats (and the warm-up) send the same prompts: a decode
               # benchmark must not measure prefix-cache hits
     sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
-    # warm-up with the run's own settings: a sampled run's first draw compiles its kernels, which must not be timed
-    llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0), use_tqdm=False)
+    # warm-up with the run's own batch and settings: its prefill steps (up to max_num_batched_tokens) and a sampled
+    # run's first draw compile kernels for their shapes, which must not be timed (a one-request warm-up left the
+    # 8192-token prefill shapes of a 256-request batch to the first timed run: 8.7K tok/s, then 21-25K)
+    llm.generate(prompts, [SamplingParams(temperature=temperature, max_tokens=min(8, max_tokens), ignore_eos=True, seed=i)
+                           for i in range(len(prompts))], use_tqdm=False)
     before = llm.spec_stats()
     walls = []
     with frozen_heap():                         # as the server does: no collector pass over the engine mid-run

@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/engine.html.md"""
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import math
 from contextlib import contextmanager
@@ -82,6 +83,7 @@ class _Track:
     logprobs: list = field(default_factory=list)
     stop: frozenset = frozenset()        # token ids that end it: its stop_token_ids, and eos unless ignored (built once,
                                          # not twice a step)
+    lazy: bool = False                   # its text is wanted only once it finishes: ids are decoded then, not every step
 
 # %% ../nbs/10_engine.ipynb #99a4e012
 def _same(decision, what: str = "decision"):
@@ -132,15 +134,17 @@ class ModelRunner:
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
         decided, sampled = {}, []                                  # id -> (drafts verified, accepted, tokens, logprobs)
         if greedy:                                                 # every row's argmax in one device-to-host copy
-            top, ends = torch.cat(logits).argmax(-1).tolist(), torch.tensor([n for _, n in batch]).cumsum(0).tolist()
-        for i, ((r, n), lg) in enumerate(zip(batch, logits)):
+            flat = getattr(logits, "flat", None)                   # a graph step's rows are one tensor already
+            top = (torch.cat(logits) if flat is None else flat).argmax(-1).tolist()
+            ends = list(itertools.accumulate(n for _, n in batch))
+        for i, (r, n) in enumerate(batch):
             known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
             if n < known:                                          # a prefill chunk that does not reach the end
                 if pr and not self.observed: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
                 continue
             k = n - known
             if greedy: decided[r.request_id] = (k, *greedy_verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]]), None)
-            else: sampled.append((r, k, lg[known - 1:]))           # row j verifies draft j+1; the last is the bonus
+            else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
         if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
 
@@ -481,8 +485,12 @@ class LLM:
                              "(at least one token must be generated)")
         return prompt, ids
 
-    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        "Queue one request (validated first); it runs from the next `step`. Returns its id."
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    stream_text: bool = True) -> str:
+        """Queue one request (validated first); it runs from the next `step`. Returns its id.
+        `stream_text=False`: the caller reads the text only when the request finishes (`generate` does), so its
+        ids are decoded once then instead of twice every step, and its deltas carry no text until the last one,
+        which carries all of it. A request with stop strings detokenises as it goes regardless: its text ends it."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams): raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         text, ids = self.encode_prompt(prompt)
@@ -493,7 +501,7 @@ class LLM:
         req = Request(rid, ids, params, seed)
         holdback = max((len(s) for s in params.stop or []), default=1) - 1
         self._tracks[rid] = _Track(req, text, IncrementalDetokenizer(self.tokenizer), holdback=holdback,
-                                   stop=frozenset(self._stop_ids(params)))
+                                   stop=frozenset(self._stop_ids(params)), lazy=not (stream_text or params.stop))
         self.scheduler.add(req)
         return rid
 
@@ -535,7 +543,8 @@ class LLM:
     def _advance(self, t: _Track, new: list[int]) -> str | None:
         "Detokenise a request's new tokens and decide whether it is finished, and why."
         r, sp = t.req, t.req.params
-        t.text += t.detok.push(new)
+        if t.lazy: t.detok.extend(new)                        # decoded once, at the end (no stop strings to look for)
+        else: t.text += t.detok.push(new)
         for s in sp.stop or []:                                # a stop string cuts the text before it
             if s in t.text[max(0, t.sent - len(s)):]:
                 t.text = t.text[: t.text.index(s, max(0, t.sent - len(s)))]
@@ -556,6 +565,7 @@ class LLM:
         "The whole output of a request so far (normally a finished one), forgetting it."
         t = self._tracks.pop(request_id)
         r = t.req
+        if t.lazy: t.text += t.detok.flush()                 # an unfinished lazy request: the ids not decoded yet
         return RequestOutput(r.request_id, t.prompt, r.prompt_ids,
                              [CompletionOutput(0, t.text, list(r.output_ids), r.finish_reason,
                                                t.logprobs if r.params.logprobs is not None else None)],
@@ -572,7 +582,7 @@ class LLM:
         for p, sp in zip(prompts, params):                        # validate everything before any work
             if not isinstance(sp, SamplingParams): raise TypeError(f"sampling params must be SamplingParams, got {type(sp).__name__}")
             self.encode_prompt(p)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        ids = [self.add_request(p, sp, stream_text=False) for p, sp in zip(prompts, params)]   # text read at the end
         bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
         while self.has_unfinished_requests():
             bar.update(sum(d.finished for d in self.step()))

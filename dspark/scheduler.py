@@ -151,6 +151,7 @@ class KVCacheManager:
         "Extend both tables to cover `[0, num_computed + n + lookahead)`; all or nothing."
         need = math.ceil((req.num_computed + n + lookahead) / self.cc.block_size)
         new_c, new_w = need - len(req.table), need - len(req.window_table)
+        if new_c <= 0 and new_w <= 0: return True                 # most decode steps: the blocks are there already
         if new_c > self.comp.num_free or new_w > self.window.num_free: return False
         req.table += [self.comp.allocate() for _ in range(max(new_c, 0))]
         req.window_table += [self.window.allocate() for _ in range(max(new_w, 0))]

@@ -110,6 +110,20 @@ def test_text_prompts_and_detokenised_output(llm):
         assert o.outputs[0].text == llm.tokenizer.decode(o.outputs[0].token_ids)
 
 
+def test_text_decoded_at_the_end_equals_the_streamed_text(llm):
+    """`generate` decodes a request's ids once, when it finishes (no stop strings): the same text as a request
+    detokenised step by step, whose deltas add up to it; a lazy request's deltas carry all the text at the end."""
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    lazy = llm.generate(["Beautiful is better than"], sp, use_tqdm=False)[0].outputs[0]
+    streamed, texts = llm.add_request("Beautiful is better than", sp), {}
+    quiet = llm.add_request("Beautiful is better than", sp, stream_text=False)
+    while llm.has_unfinished_requests():
+        for d in llm.step(): texts.setdefault(d.request_id, []).append(d.text)
+    assert lazy.text == "".join(texts[streamed]) == "".join(texts[quiet]) == llm.tokenizer.decode(lazy.token_ids)
+    assert len(texts[streamed]) > 2 and all(t == "" for t in texts[quiet][:-1]) and texts[quiet][-1] == lazy.text
+    for rid in (streamed, quiet): assert llm.pop_output(rid).outputs[0].text == lazy.text
+
+
 @pytest.mark.parametrize("prompt,kwargs,match", [
     ([1] * 2000, {}, "max_model_len"),
     ("", {}, "empty"),
