@@ -227,8 +227,9 @@ class TPLLM(LLM):
             raise SystemExit(1)
 
     # -- rank 0: share what happens between steps, then step together
-    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        rid = super().add_request(prompt, params, request_id)
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    stream_text: bool = True) -> str:
+        rid = super().add_request(prompt, params, request_id, stream_text)   # text is rank 0's alone
         req = self._tracks[rid].req
         self._ops.append(("add", rid, req.prompt_ids, req.params, req.seed))
         return rid
