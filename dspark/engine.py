@@ -565,7 +565,7 @@ class LLM:
         "The whole output of a request so far (normally a finished one), forgetting it."
         t = self._tracks.pop(request_id)
         r = t.req
-        if t.lazy: t.text += t.detok.flush()                 # an unfinished lazy request: the ids not decoded yet
+        if t.lazy and r.finish_reason is None: t.text += t.detok.flush()   # unfinished: its ids are not decoded yet
         return RequestOutput(r.request_id, t.prompt, r.prompt_ids,
                              [CompletionOutput(0, t.text, list(r.output_ids), r.finish_reason,
                                                t.logprobs if r.params.logprobs is not None else None)],
