@@ -81,12 +81,12 @@ def _timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, devic
 
 def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, max_tokens: int, device: str,
                dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False,
-               temperature: float = 0.0, repeats: int = 3) -> dict:
+               temperature: float = 0.0, repeats: int = 3, overlap: bool = True) -> dict:
     """Throughput, decode step time and acceptance of `len(prompts)` concurrent requests: greedy, or sampled at
     `temperature` (request `i` seeded with `i`, so a run is reproducible). Throughput is the median of `repeats`
     runs of the batch, timed end to end; the step time comes from one more run that syncs after every step."""
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
-              enforce_eager=eager,
+              enforce_eager=eager, overlap_decode=overlap,
               max_num_seqs=len(prompts), max_num_batched_tokens=max(8192, 2 * len(prompts) * 8),   # prefill_run's chunk
               max_model_len=max(len(p) for p in prompts) + max_tokens + (k or 0) + 8,   # what the run needs: the
               # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
@@ -113,11 +113,13 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
     wall = statistics.median(walls)
     dec = sorted(t for t, pre in steps[len(steps) // 4:] if not pre) or sorted(t for t, _ in steps)
+    ahead = llm.runner.ahead                    # chapter 31: greedy decode steps launched a step early
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
     return {"mode": mode or "none", "k": k, "concurrency": len(prompts), "dtype": dtype, "backend": backend,
             "temperature": temperature,
-            "cuda_graphs": not eager and str(device).startswith("cuda"),
+            "cuda_graphs": not eager and str(device).startswith("cuda"), "overlap_decode": ahead is not None,
+            "steps_ahead_used": ahead.used if ahead else 0,
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
             "tok_s_runs": [round(n_tok / w, 1) for w in walls],
             "per_user_tok_s": round(n_tok / wall / len(prompts), 2), "steps": len(steps),
@@ -186,7 +188,7 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
               prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False,
-              temperature: float = 0.0, progress=None, partial=None) -> dict:
+              temperature: float = 0.0, progress=None, partial=None, overlap: bool = True) -> dict:
     """The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids.
     `progress(line)`, if given, hears about each run as it finishes; `partial(record)` gets the record so far after
     each run (`main` writes it to `--out`, so a sweep that is stopped keeps what it measured)."""
@@ -206,20 +208,21 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
         for m in modes:
             where = mtp_path if (m == "mtp" and mtp_path) else path
             rec["decode"].append(decode_run(where, pool[:c], None if m == "none" else m, k.get(m), max_tokens,
-                                            device, dtype, backend, kv_bytes, eager, temperature))
+                                            device, dtype, backend, kv_bytes, eager, temperature, overlap=overlap))
             r = rec["decode"][-1]
             say(f"decode {m} C{c}: {r['tok_s']} tok/s (runs {r['tok_s_runs']}), step {r['decode_step_ms']} ms, "
                 f"acceptance {r['mean_acceptance_length']}")
     for c in hf_concurrencies:
         base = hf_decode_run(path, pool[:c], max_tokens, device)
-        ours = decode_run(path, pool[:c], None, None, max_tokens, device, "float32", backend, kv_bytes, eager)
+        ours = decode_run(path, pool[:c], None, None, max_tokens, device, "float32", backend, kv_bytes, eager, overlap=overlap)
         base["ours_fp32_tok_s"] = ours["tok_s"]
         base["greedy_identical"] = sum(a == b for a, b in zip(base.pop("token_ids"), ours["token_ids"]))
         if dtype != "float32":        # and both in the serving dtype, where transformers can run it
             try:
                 hf = hf_decode_run(path, pool[:c], max_tokens, device, dtype)
                 mine = next((r for r in rec["decode"] if r["mode"] == "none" and r["concurrency"] == c and not temperature), None)
-                mine = mine or decode_run(path, pool[:c], None, None, max_tokens, device, dtype, backend, kv_bytes, eager)
+                mine = mine or decode_run(path, pool[:c], None, None, max_tokens, device, dtype, backend, kv_bytes, eager,
+                                          overlap=overlap)
                 same = sum(a == b for a, b in zip(hf["token_ids"], mine["token_ids"])) if "token_ids" in mine else None
                 base["same_dtype"] = {"dtype": dtype, "autocast": hf["autocast"], "tok_s": hf["tok_s"],
                                       "ours_tok_s": mine["tok_s"], "greedy_identical": same}
@@ -298,6 +301,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "triton"])
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="DSpark K (default: the block size)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager step, for comparison)")
+    p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
+                   help="greedy decode steps strictly one after the other (chapter 31's overlap off, for comparison)")
     p.add_argument("--temperature", type=float, default=0.0, help="decode sweep: 0 = greedy, else sampled (seeded)")
     p.add_argument("--out", default=None, help="write the JSON record here")
     a = p.parse_args(argv)
@@ -323,7 +328,7 @@ def main(argv=None) -> dict:
         if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency), a.prompt_len)
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
-                    prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature,
+                    prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature, overlap=a.overlap_decode,
                     progress=lambda line: print(line, file=sys.stderr, flush=True),
                     partial=(lambda r: Path(a.out).write_text(json.dumps(r | {"partial": True}, indent=1))) if a.out else None)
     print(format_table(rec))

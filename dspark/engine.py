@@ -113,11 +113,15 @@ class ModelRunner:
         self.stats = SpecStats()
         self.observed = False                          # whether this step's forward wrote the drafter's context itself
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
+        self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
         "Returns `{id: (positions computed, committed tokens)}` for requests that reached their last token, and logprobs."
         dev, pr = self.model.embed.weight.device, self.proposer
+        if self.ahead is not None:                                # chapter 31: overlapped greedy decoding
+            if pr is None and self.ahead.takes(batch): return self._finish(batch, self.ahead.step(batch), [])
+            self.ahead.drop()
         flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
@@ -358,7 +362,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
                  capacity: str | CapacityConfig | None = None, kv_cache_dtype: str = "auto",
-                 fp8_draft_head: bool = False, enforce_eager: bool = False):
+                 fp8_draft_head: bool = False, enforce_eager: bool = False, overlap_decode: bool = True):
         if speculative == "none": speculative = None
         capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
         if capacity is not None and speculative != "dspark":
@@ -411,6 +415,9 @@ class LLM:
             self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs, ragged)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
+            if overlap_decode and proposer is None:              # chapter 31: the next decode step queued early
+                from dspark.overlap import DecodeAhead
+                self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len)
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
             self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0

@@ -34,8 +34,8 @@ from .sampling import RowParams, _signed64
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'compress_tokens', 'store_entries', 'entry_store',
-           'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static', 'StepOutputs',
+__all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'fill_layout', 'compress_tokens', 'store_entries',
+           'entry_store', 'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static', 'StepOutputs',
            'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'Rows', 'GraphRunner',
            'capture_buckets', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
@@ -76,7 +76,7 @@ class StepBuffers:
     tables: torch.Tensor         # [R, C] int32
     block_size: int
     max_pos: int                 # the largest position a step may hold (fixes the indexer's column count)
-    stage: HostStage | None = None   # pinned host mirrors of the per-step inputs (all but `ids`)
+    stage: HostStage | None = None   # pinned host mirrors of the per-step inputs (`ids` when they come from the host)
 
     @classmethod
     def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":
@@ -86,7 +86,7 @@ class StepBuffers:
                   z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64),
                   z(max_tokens, dt=torch.int64), z(max_reqs, blocks, dt=torch.int32),
                   z(max_reqs, blocks, dt=torch.int32), block_size, max_pos)
-        buf.stage = HostStage({k: getattr(buf, k) for k in STAGED})
+        buf.stage = HostStage({k: getattr(buf, k) for k in STAGED + ("ids",)})
         return buf
 
     def meta(self, n: int) -> BatchMeta:
@@ -99,13 +99,20 @@ STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "pooled", "window_
 
 def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
     """Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding. A
-    resumed prefix's positions below `pooled_upto` write no window rows (those blocks are cached, maybe shared).
+    resumed prefix's positions below `pooled_upto` write no window rows (those blocks are cached, maybe shared)."""
+    fill_layout(buf, [c.shape[0] for c in chunks], seqs, n, scratch_slot, torch.cat(chunks))
+
+def fill_layout(buf: StepBuffers, lens: list[int], seqs: list[SeqView], n: int, scratch_slot: int,
+                ids: torch.Tensor | list[int]) -> None:
+    """`fill_buffers` given each request's token count `lens[i]` and the step's token ids `ids` in row order: a
+    device tensor (copied on the device: the overlapped decode of chapter 31 feeds a step the previous step's
+    argmax without reading it) or host ints (staged in pinned memory with the rest, one more async copy).
     The host side is a few numpy operations over the whole step: at 64 requests a per-request loop of slice
     writes and list conversions cost ~0.5 ms a step, on a path that the host bounds."""
     st, bs = buf.stage, buf.block_size
     st.wait()
     h, R = st.np, len(seqs)
-    lens = np.fromiter((c.shape[0] for c in chunks), np.int64, R)
+    lens = np.asarray(lens, np.int64)
     k = int(lens.sum())
     req = np.repeat(np.arange(R), lens)
     starts = np.fromiter((s.start for s in seqs), np.int64, R)
@@ -132,11 +139,14 @@ def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqVie
     h["slots"][:k] = np.where(pos >= pooled[req], wt[req, blk].astype(np.int64) * bs + pos % bs, -1)
     h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n], h["last"][k:n] = -1, -1, -1, scratch_slot, -1
     h["pooled"][k:n] = 0
-    for name in STAGED: st.send(getattr(buf, name), name, R if name.endswith("tables") else n)
+    device_ids = torch.is_tensor(ids)
+    if not device_ids:
+        h["ids"][:k], h["ids"][k:n] = ids, 0
+    for name in STAGED + (() if device_ids else ("ids",)): st.send(getattr(buf, name), name, R if name.endswith("tables") else n)
     st.sent()
-    ids = torch.cat(chunks).to(buf.ids.device)
-    buf.ids[:len(ids)].copy_(ids)
-    buf.ids[len(ids):n].zero_()
+    if device_ids:
+        buf.ids[:k].copy_(ids, non_blocking=True)
+        buf.ids[k:n].zero_()
 
 # %% ../nbs/26_cuda_graphs.ipynb #34d5b77b
 def compress_tokens(comp, x: torch.Tensor, pos: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor],
@@ -489,8 +499,11 @@ class GraphRunner:
         """The graphs that can run a step: the decode/verify ones when every chunk fits the rings' lookahead (and
         none resumes a cached prefix), the ragged ones when the step is small enough, else `None` (eager)."""
         if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return None
+        return self.graphs_for_lens([c.shape[0] for c in chunks], seqs)   # not len(c): ~1 µs a call on the host
+
+    def graphs_for_lens(self, lens: list[int], seqs) -> dict | None:
+        "`_graphs_for` given each request's token count (the taps and finals already checked)."
         W, C = self.buf.window_tables.shape[1], self.buf.tables.shape[1]
-        lens = [c.shape[0] for c in chunks]              # not len(c): Tensor.__len__ costs ~1 µs a call on the host
         if len(seqs) > self.buf.tables.shape[0] or not all(
                 1 <= m and s.start + m - 1 <= self.max_pos
                 and len(s.window_table) <= W and len(s.table) <= C for m, s in zip(lens, seqs)): return None

@@ -328,6 +328,8 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
       help="auto: the batched Triton kernels on CUDA, the reference per-request path on CPU")
     f("batch-invariant", action="store_true", help="reference forward in batch-invariant mode: a request's tokens never depend on the batch (slow)")
     f("enforce-eager", action="store_true", help="no CUDA graphs: run every step eagerly (debugging, profiling)")
+    f("overlap-decode", action=argparse.BooleanOptionalAction, default=True,
+      help="queue each greedy graph decode step before reading the previous one's tokens (host work overlaps the GPU)")
     f("seed", type=int, default=0)
     f("api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
     f("max-waiting-requests", type=int, default=256, help="requests allowed to wait beyond max-num-seqs before 503s")
@@ -389,7 +391,8 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
                 tensor_parallel_size=a.tensor_parallel_size, device=a.device, dtype=a.dtype, max_model_len=max_len,
                 max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, block_size=block,
                 enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
-                enforce_eager=a.enforce_eager, kv_cache_dtype=a.kv_cache_dtype, fp8_draft_head=a.fp8_draft_head, host=a.host, port=a.port,
+                enforce_eager=a.enforce_eager, overlap_decode=a.overlap_decode, kv_cache_dtype=a.kv_cache_dtype,
+                fp8_draft_head=a.fp8_draft_head, host=a.host, port=a.port,
                 api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests)
     cap = capacity_config(a)
     if cap is not None and mode != "dspark": raise SystemExit(f"error: --capacity {a.capacity} needs --speculative dspark, got {mode}")
@@ -417,7 +420,7 @@ def build_llm(a: argparse.Namespace) -> LLM:
                gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching,
                attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
                capacity=capacity_config(a), kv_cache_dtype=a.kv_cache_dtype, fp8_draft_head=a.fp8_draft_head,
-               enforce_eager=a.enforce_eager)
+               enforce_eager=a.enforce_eager, overlap_decode=a.overlap_decode)
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)

@@ -1,0 +1,89 @@
+"""Overlapped greedy decoding (chapter 31) on the CPU, with each captured graph emulated by rerunning its step on
+the runner's persistent buffers: whatever the engine schedules, the tokens, finish reasons and streamed text
+must be the synchronous engine's, and steps computed ahead must really be used."""
+import pytest
+
+import dspark
+from dspark.overlap import DecodeAhead
+from dspark.sampling import SamplingParams
+from test_graph_context import emulate_graphs, use_references
+
+PROMPTS = [list(range(5, 21)), list(range(30, 37)), list(range(40, 71))]
+
+
+def engine(ckpt, overlap: bool, **kw):
+    llm = dspark.LLM(ckpt, max_num_seqs=4, max_model_len=128, block_size=16, kv_cache_memory_bytes=16 * 2**20,
+                     enable_prefix_caching=False, **kw)
+    g = emulate_graphs(llm, 4)
+    if overlap: llm.runner.ahead = DecodeAhead(g, llm.max_model_len)
+    return llm
+
+
+def run(llm, params, events=None, steps: int = 200):
+    """Step to the end; `events[step](llm, ids)` runs before that step (arrivals, aborts). Returns each request's
+    (token ids, finish reason, text joined from its deltas)."""
+    ids = [llm.add_request(p, sp) for p, sp in zip(PROMPTS, params)]
+    text = {}
+    for step in range(steps):
+        if events and step in events: events[step](llm, ids)
+        if not llm.has_unfinished_requests(): break
+        for d in llm.step(): text[d.request_id] = text.get(d.request_id, "") + d.text
+    outs = {}
+    for i in ids:
+        if i in llm._tracks:
+            o = llm.pop_output(i).outputs[0]
+            outs[i] = (o.token_ids, o.finish_reason, text.get(i, ""))
+    return outs
+
+
+def greedy(*max_tokens, **kw):
+    return [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, **kw) for m in max_tokens]
+
+
+def test_overlap_gives_the_synchronous_tokens_and_text(tiny_ckpt, monkeypatch):
+    use_references(monkeypatch)
+    params = greedy(40, 23, 31)
+    first = run(engine(tiny_ckpt, False), params)
+    stop = first["1"][0][12]                                    # request 1 now stops on a token it emits mid-run
+    params[1] = SamplingParams(temperature=0, max_tokens=23, stop_token_ids=[stop], ignore_eos=True)
+    late = lambda llm, ids: ids.append(llm.add_request(list(range(80, 92)), greedy(20)[0]))
+    sync = run(engine(tiny_ckpt, False), params, {9: late})
+    llm = engine(tiny_ckpt, True)
+    over = run(llm, params, {9: late})
+    assert over == sync and len(over) == 4
+    assert over["1"][0][-1] == stop and len(over["1"][0]) < 23 and over["1"][1] == "stop"
+    ahead = llm.runner.ahead
+    assert ahead.used > 20 and ahead.dropped >= 1                # the arrival drops one step computed ahead
+    assert all(o[2] for o in over.values())                     # streamed text (per step) is there, and equal
+
+
+def test_sampled_requests_keep_the_synchronous_path(tiny_ckpt, monkeypatch):
+    "While a sampled request shares the batch no step is computed ahead; once it finishes the greedy ones overlap."
+    use_references(monkeypatch)
+    params = greedy(30, 30) + [SamplingParams(temperature=1.0, max_tokens=8, seed=5, ignore_eos=True)]
+    sync = run(engine(tiny_ckpt, False), params)
+    llm = engine(tiny_ckpt, True)
+    assert run(llm, params) == sync
+    assert 10 < llm.runner.ahead.used < 29
+
+
+def test_aborts_and_preemption_keep_the_tokens(tiny_ckpt, monkeypatch):
+    """An abort while a step computed ahead includes the request, and a KV cache small enough that the scheduler
+    preempts (freeing blocks the step computed ahead wrote into): the survivors' tokens are the synchronous ones."""
+    use_references(monkeypatch)
+    params = greedy(60, 60, 60)
+    abort = {14: lambda llm, ids: llm.abort_request(ids[1])}
+    for kw in ({}, {"num_kv_blocks": 9}):
+        sync = run(engine(tiny_ckpt, False, **kw), params, abort)
+        llm = engine(tiny_ckpt, True, **kw)
+        assert run(llm, params, abort) == sync and set(sync) == {"0", "2"}
+        assert llm.runner.ahead.used > 20
+        if kw: assert llm.scheduler.num_preemptions > 0
+
+
+def test_engine_switch(tiny_ckpt):
+    llm = dspark.LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20, overlap_decode=True)
+    assert llm.runner.ahead is None                              # CPU: no graphs, nothing to overlap
+    from dspark.serve import parse_args
+    assert parse_args(["--model", str(tiny_ckpt)]).overlap_decode
+    assert not parse_args(["--model", str(tiny_ckpt), "--no-overlap-decode"]).overlap_decode
