@@ -114,6 +114,7 @@ class ModelRunner:
         self.observed = False                          # whether this step's forward wrote the drafter's context itself
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
         self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
+        self.round_ahead = None                        # an overlap.RoundAhead: fused DSpark rounds launched early
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
@@ -133,6 +134,7 @@ class ModelRunner:
         compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
         if greedy and rounds is not None and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
+        if self.round_ahead is not None: self.round_ahead.drop()
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
                               feats if pr and pr.final else None)
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
@@ -180,8 +182,12 @@ class ModelRunner:
 
     def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor], seqs: list[SeqView]):
         """A greedy verify step as one fused round (chapter 28): the host re-runs `greedy_verify` on the argmax it
-        reads back and must agree with the device's acceptance, which the graph's drafts were anchored on."""
-        rd = rounds(chunks, seqs)
+        reads back and must agree with the device's acceptance, which the graph's drafts were anchored on. With
+        `round_ahead` (chapter 31) the round may have been launched at the end of the last one, and the next one is
+        launched before the host's bookkeeping of this one."""
+        ahead = self.round_ahead
+        rd = ahead.take(batch) if ahead is not None else None
+        if rd is None: rd = rounds(chunks, seqs)
         self.observed, decided = True, {}
         for i, (r, n) in enumerate(batch):
             a, toks = greedy_verify(r.drafts[:n - 1], rd.top[i])
@@ -189,6 +195,7 @@ class ModelRunner:
                 raise RuntimeError(f"request {r.request_id}: the fused round accepted {rd.accepted[i]} drafts on the "
                                    f"device but {a} on the host")
             decided[r.request_id] = (n - 1, a, toks, None)
+        if ahead is not None: ahead.launch_next(batch, rd, decided, self._room)
         return decided, [], (rd, {r.request_id: i for i, (r, _) in enumerate(batch)})
 
     def _finish(self, batch: list[tuple[Request, int]], decided: dict, feats: list[torch.Tensor], ready=None):
@@ -415,9 +422,11 @@ class LLM:
             self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs, ragged)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
-            if overlap_decode and proposer is None:              # chapter 31: the next decode step queued early
-                from dspark.overlap import DecodeAhead
-                self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len)
+            if overlap_decode:                                   # chapter 31: the next step queued early
+                from dspark.overlap import DecodeAhead, RoundAhead
+                if proposer is None: self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len)
+                elif self.graphs.rounds is not None and capacity is None:
+                    self.runner.round_ahead = RoundAhead(self.graphs.rounds, self.max_model_len)
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
             self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0

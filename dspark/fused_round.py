@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import GraphRunner, HostStage, bucket_sizes, fill_buffers, forward_static
+from .graphs import GraphRunner, HostStage, bucket_sizes, fill_layout, forward_static
 
 # %% auto #0
 __all__ = ['greedy_accept', 'RoundOutputs', 'Round', 'RoundGraphs']
@@ -133,10 +133,16 @@ class RoundGraphs:
     def __call__(self, chunks: list[torch.Tensor], seqs) -> Round:
         """Replay the round for these requests (each chunk: anchor then drafts) and read back the verification; the
         drafts are read when the caller asks (`Round.drafts`), so its bookkeeping overlaps the draft step."""
-        R, lens = len(chunks), [c.shape[0] for c in chunks]
+        return self.read(self.launch([c.shape[0] for c in chunks], seqs, torch.cat(chunks)))
+
+    def launch(self, lens: list[int], seqs, ids) -> tuple:
+        """Lay out and replay a round of requests bringing `lens[i]` tokens each (`ids`: all of them in row order, on
+        the device or the host); nothing is read. Returns the handle `read` takes. The graphs write one set of
+        pinned outputs: the previous round's must have been read (drafts included) before the next is launched."""
+        R = len(lens)
         b = self.bucket(R)
         n = b * self.width
-        fill_buffers(self.g.buf, chunks, seqs, n, self.g.cache.scratch_slot)
+        fill_layout(self.g.buf, lens, seqs, n, self.g.cache.scratch_slot, ids)
         self.stage.wait()
         h, k, starts = self.stage.np, 0, []
         for i, m in enumerate(lens): h["first"][i], h["drafts"][i] = k, m - 1; starts.append(k); k += m
@@ -147,6 +153,11 @@ class RoundGraphs:
         graph.replay()
         self.replays += 1
         self.g.wrote_context = True                         # the step wrote the drafter's context rows itself
+        return out, R, b, n, starts, list(lens)
+
+    def read(self, handle: tuple) -> Round:
+        "Wait for a launched round's verification and read it; its drafts are read when asked (`Round.drafts`)."
+        out, R, b, n, starts, lens = handle
         if self.host is not None: self.events[0].synchronize()
         v = (out if self.host is None else self.host).verified[:n + b].tolist()
         return Round([v[s:s + m] for s, m in zip(starts, lens)], v[n:n + R], lambda: self._fetch(out, R, b))

@@ -87,3 +87,40 @@ def test_engine_switch(tiny_ckpt):
     from dspark.serve import parse_args
     assert parse_args(["--model", str(tiny_ckpt)]).overlap_decode
     assert not parse_args(["--model", str(tiny_ckpt), "--no-overlap-decode"]).overlap_decode
+
+
+def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
+    """The trained default model with fused rounds (emulated as in test_fused_round): launching each round before
+    the host's bookkeeping of the last one changes no token, draft or acceptance count. Rooms shrink at the end
+    (max_tokens), one request stops on a token mid-run, and a request arriving mid-run drops a round."""
+    from dspark.capacity_control import sweep_prompts
+    from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.overlap import RoundAhead
+    from test_fused_round import emulate_rounds
+    use_references(monkeypatch)
+    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 12))]
+    def go(ahead: bool, params, late=None):
+        llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
+                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+        rounds = emulate_rounds(llm)
+        if ahead: llm.runner.round_ahead = RoundAhead(rounds, llm.max_model_len)
+        seen, schedule = [], llm.scheduler.schedule
+        def spy():
+            batch = schedule(); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        llm.scheduler.schedule = spy
+        ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:3], params)]
+        for step in range(200):
+            if late is not None and step == late: ids.append(llm.add_request(prompts[3], params[0]))
+            if not llm.has_unfinished_requests(): break
+            llm.step()
+        outs = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in map(llm.pop_output, ids)]
+        return outs, llm.runner.stats, seen, llm.runner.round_ahead
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 9, 25)]
+    stop = go(False, params)[0][2][0][10]                    # a token request 2 emits: it stops there now
+    params[2] = SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True, stop_token_ids=[stop])
+    sync = go(False, params, late=4)
+    outs, stats, seen, ahead = go(True, params, late=4)
+    assert outs == sync[0] and outs[2][1] == "stop" and outs[2][0][-1] == stop
+    assert stats == sync[1] and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert seen == sync[2]
+    assert ahead.used >= 4 and ahead.dropped >= 1
