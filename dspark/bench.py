@@ -113,13 +113,13 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
     wall = statistics.median(walls)
     dec = sorted(t for t, pre in steps[len(steps) // 4:] if not pre) or sorted(t for t, _ in steps)
-    ahead = llm.runner.ahead                    # chapter 31: greedy decode steps launched a step early
+    ahead, rounds_ahead = llm.runner.ahead, llm.runner.round_ahead   # chapter 31: steps and rounds launched early
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
     return {"mode": mode or "none", "k": k, "concurrency": len(prompts), "dtype": dtype, "backend": backend,
             "temperature": temperature,
             "cuda_graphs": not eager and str(device).startswith("cuda"), "overlap_decode": ahead is not None,
-            "steps_ahead_used": ahead.used if ahead else 0,
+            "steps_ahead_used": ahead.used if ahead else 0, "rounds_ahead_used": rounds_ahead.used if rounds_ahead else 0,
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
             "tok_s_runs": [round(n_tok / w, 1) for w in walls],
             "per_user_tok_s": round(n_tok / wall / len(prompts), 2), "steps": len(steps),
