@@ -118,7 +118,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
     return {"mode": mode or "none", "k": k, "concurrency": len(prompts), "dtype": dtype, "backend": backend,
             "temperature": temperature,
-            "cuda_graphs": not eager and str(device).startswith("cuda"), "overlap_decode": ahead is not None,
+            "cuda_graphs": not eager and str(device).startswith("cuda"), "overlap_decode": ahead is not None or rounds_ahead is not None,
             "steps_ahead_used": ahead.used if ahead else 0, "rounds_ahead_used": rounds_ahead.used if rounds_ahead else 0,
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
             "tok_s_runs": [round(n_tok / w, 1) for w in walls],

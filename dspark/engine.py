@@ -430,7 +430,9 @@ class LLM:
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
             self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len),
+        ahead = self.runner.ahead is not None or self.runner.round_ahead is not None     # the next step's blocks too
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len,
+                                                   K + 1 if ahead else 0),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
         self.profile = profile_line(cfg, cc, self.max_model_len)
         if self.memory is not None:

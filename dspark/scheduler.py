@@ -189,6 +189,8 @@ class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
+    lookahead: int = 0             # positions past a running request's step to hold blocks for when they are free
+                                   # (chapter 31: a step launched ahead must find its blocks allocated)
 
 class Scheduler:
     "Waiting and running queues, a token budget per step, chunked prefill and preemption by recompute."
@@ -211,7 +213,7 @@ class Scheduler:
         for req in list(self.running):                                 # list membership test was O(R) a request)
             if req in gone or budget == 0: continue
             n = min(req.num_tokens - req.num_computed + len(req.drafts), budget)   # drafts ride along to be verified
-            while not self.kv.allocate(req, n):
+            while not self._allocate(req, n):
                 victim = self.running[-1]
                 self._preempt(victim); gone.add(victim)
                 if victim is req: break
@@ -229,6 +231,12 @@ class Scheduler:
             self.waiting.popleft(); self.running.append(req)
             out.append((req, n)); budget -= n
         return out
+
+    def _allocate(self, req: Request, n: int) -> bool:
+        """A running request's blocks for its step, and for `lookahead` more positions when the pool has them (never
+        a preemption for the lookahead's sake: without them the step is scheduled as before)."""
+        la = min(self.sc.lookahead, self.sc.max_model_len - req.num_computed - n)   # never past max_model_len
+        return bool(la > 0 and self.kv.allocate(req, n, la)) or self.kv.allocate(req, n)
 
     def update(self, scheduled: list[tuple[Request, int]], outcome: dict[str, tuple[int, list[int]]]) -> list[Request]:
         """Apply a step's results: `outcome[id] = (positions now computed, new tokens)`; requests without an

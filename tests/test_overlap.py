@@ -13,9 +13,11 @@ PROMPTS = [list(range(5, 21)), list(range(30, 37)), list(range(40, 71))]
 
 def engine(ckpt, overlap: bool, **kw):
     llm = dspark.LLM(ckpt, max_num_seqs=4, max_model_len=128, block_size=16, kv_cache_memory_bytes=16 * 2**20,
-                     enable_prefix_caching=False, **kw)
+                     enable_prefix_caching=False, **{k: v for k, v in kw.items() if k != "lookahead"})
     g = emulate_graphs(llm, 4)
-    if overlap: llm.runner.ahead = DecodeAhead(g, llm.max_model_len)
+    if overlap:                                    # what LLM sets up on CUDA: the stand-in graphs came later
+        llm.runner.ahead = DecodeAhead(g, llm.max_model_len)
+        llm.scheduler.sc.lookahead = kw.get("lookahead", 1)
     return llm
 
 
@@ -53,7 +55,7 @@ def test_overlap_gives_the_synchronous_tokens_and_text(tiny_ckpt, monkeypatch):
     assert over == sync and len(over) == 4
     assert over["1"][0][-1] == stop and len(over["1"][0]) < 23 and over["1"][1] == "stop"
     ahead = llm.runner.ahead
-    assert ahead.used > 20 and ahead.dropped >= 1                # the arrival drops one step computed ahead
+    assert ahead.used > 20 and ahead.dropped == 1                # only the arrival drops a step computed ahead
     assert all(o[2] for o in over.values())                     # streamed text (per step) is there, and equal
 
 
@@ -81,6 +83,18 @@ def test_aborts_and_preemption_keep_the_tokens(tiny_ckpt, monkeypatch):
         if kw: assert llm.scheduler.num_preemptions > 0
 
 
+def test_without_blocks_a_step_ahead_nothing_is_launched_that_would_be_dropped(tiny_ckpt, monkeypatch):
+    """With no lookahead allocation, requests of staggered lengths cross block boundaries on different steps: the
+    step computed ahead is skipped then (launching it without a request would get it dropped), and the tokens
+    are still the synchronous ones."""
+    use_references(monkeypatch)
+    params = greedy(40, 23, 31)
+    sync = run(engine(tiny_ckpt, False), params)
+    llm = engine(tiny_ckpt, True, lookahead=0)
+    assert run(llm, params) == sync
+    assert llm.runner.ahead.dropped == 0 and llm.runner.ahead.used > 10
+
+
 def test_engine_switch(tiny_ckpt):
     llm = dspark.LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20, overlap_decode=True)
     assert llm.runner.ahead is None                              # CPU: no graphs, nothing to overlap
@@ -103,7 +117,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
                          kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
         rounds = emulate_rounds(llm)
-        if ahead: llm.runner.round_ahead = RoundAhead(rounds, llm.max_model_len)
+        if ahead: llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
         seen, schedule = [], llm.scheduler.schedule
         def spy():
             batch = schedule(); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
