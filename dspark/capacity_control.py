@@ -24,8 +24,8 @@ from .capacity import (SPSCurve, LaggedBudget, batch_survival, capture_sizes, ch
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'POLICIES', 'OnlineSTS', 'DraftDepth', 'CapacityConfig', 'CapacityStats', 'CapacityController', 'sweep_prompts',
-           'capacity_sweep']
+__all__ = ['log', 'POLICIES', 'OnlineSTS', 'DraftDepth', 'PlainSwitch', 'CapacityConfig', 'CapacityStats', 'CapacityController',
+           'sweep_prompts', 'capacity_sweep']
 
 # %% ../nbs/21_capacity_control.ipynb #28c4b372
 class OnlineSTS:
@@ -122,6 +122,53 @@ class DraftDepth:
         else: self.saturated = 0
         return self.depth
 
+class PlainSwitch:
+    """Whether to draft at all at this load: depth 0, plain decoding, when it commits more tokens per second than
+    drafting does. Measured, not modelled: the wall time between consecutive decisions and the tokens each step
+    committed, an EMA per power-of-two request count and mode. The SPS curve prices replays only, and at high load
+    a round can lose to a plain step for reasons it does not see: a plain step is queued before the host reads
+    the last one (chapter 31), a round only once its verification is read. The losing mode is probed for
+    `probe_len` steps every `probe_every` steps, so a change of load or acceptance is seen; the first step after a
+    switch refills the pipeline and is not recorded."""
+    def __init__(self, margin: float = 0.03, probe_every: int = 64, probe_len: int = 4, alpha: float = 0.25):
+        self.margin, self.probe_every, self.probe_len, self.alpha = margin, probe_every, probe_len, alpha
+        self.reset()
+
+    def reset(self) -> None:
+        self.rate: dict[tuple[int, bool], float] = {}   # (request bucket, plain) -> committed tokens per ms
+        self.plain = self.preferred = False             # the mode now, and the one the rates favour
+        self.run, self.probing, self.last = 0, 0, None  # steps since the last probe, probe steps left, last recorded mode
+
+    @staticmethod
+    def bucket(R: int) -> int: return 1 << max(0, R - 1).bit_length()
+
+    def record(self, R: int, plain: bool, tokens: int, ms: float) -> None:
+        "One step's outcome: `tokens` committed by `R` requests in `ms` of wall time, drafting or not."
+        switched, self.last = self.last is not None and self.last != plain, plain
+        if switched or ms <= 0: return
+        key = (self.bucket(R), plain)
+        r = tokens / ms
+        self.rate[key] = r if key not in self.rate else (1 - self.alpha) * self.rate[key] + self.alpha * r
+
+    def decide(self, R: int) -> bool:
+        """Whether the next proposals are skipped (plain decoding) for a batch of R requests: the mode that commits
+        more tokens per ms at this bucket (switching away from the current preference only past `margin`), except
+        while a probe of the other mode runs. Each mode is learnt once first, drafting first (the fixed-K path)."""
+        b = self.bucket(R)
+        d, p = self.rate.get((b, False)), self.rate.get((b, True))
+        if self.probing:
+            self.probing -= 1
+            if self.probing: return self.plain
+        if d is None or p is None:
+            want = d is not None
+            if want and not self.plain: self.probing = self.probe_len + 1
+        else:
+            want = p * (1 + self.margin) > d if self.preferred else p > d * (1 + self.margin)
+            self.preferred, self.run = want, self.run + 1
+            if self.run >= self.probe_every: self.run, want, self.probing = 0, not want, self.probe_len + 1
+        self.plain = want
+        return want
+
 # %% ../nbs/21_capacity_control.ipynb #2dcafe0b
 POLICIES = ("auto", "scheduler", "lagged", "threshold")
 
@@ -135,6 +182,7 @@ class CapacityConfig:
     dynamic_depth: bool = True
     depth_window: int = 8
     online_sts: bool = True
+    plain_switch: bool = True              # depth 0 (plain decoding) above an automatic knee when it commits more tokens/ms
     log_interval: int = 200
     profile_context: int = 64
 
@@ -168,6 +216,7 @@ class CapacityStats:
     kept_hist: list[int] = field(default_factory=list)   # requests by drafts kept
     bucket: int = 0                        # graph size of the last active step (0: eager, above the capture limit)
     verify_tokens: int = 0                 # tokens of the last active step's verify batch
+    plain_steps: int = 0                   # steps with no drafts because plain decoding paid more (depth 0)
     active: bool = False
     pruned: bool = False                   # the last decision cut drafts: its verify step must not pad them back
 
@@ -179,6 +228,9 @@ class CapacityController:
         self.sts = OnlineSTS(K) if config.online_sts else None
         self.depth_ctl = DraftDepth(K, config.depth_window) if config.dynamic_depth else None
         self.lagged = LaggedBudget() if config.policy == "lagged" else None
+        # with the knee forced (`activation`), pruning itself is under measurement: no switch hides it
+        self.switch = PlainSwitch() if config.plain_switch and config.activation is None else None
+        self._switch_mark: tuple | None = None   # (time, (rounds with drafts, accepted drafts)) at the last decision
         self.staged: dict[str, torch.Tensor] = {}
         self.stats, self.steps = CapacityStats(), 0
         self.host_ms_per_request: float | None = None   # measured host time of a step, per request (EMA)
@@ -212,6 +264,11 @@ class CapacityController:
         H = self.host_ms(R) + c.draft_step_ms + c.draft_ms * R
         every = H + c.verify(R * (self.K + 1)) if round_tokens is None else H - self._overlap(R) + c.verify(round_tokens)
         return every > (1 + slack) * (H + c.verify(R))
+
+    def bypasses(self, R: int, round_tokens: int | None = None) -> bool:
+        """Whether the next decision leaves R requests' proposals as they are (below the knee, or where pruning cannot
+        pay): chapter 31 launches a round before the host has decided only when this holds, so it is not dropped."""
+        return not (R >= self.activation and (self.config.activation is not None or self.worth(R, round_tokens=round_tokens)))
 
     def _overlap(self, R: int) -> float:
         "Host time a fused round hides behind its draft step (ms): the shorter of the two."
@@ -262,8 +319,28 @@ class CapacityController:
 
     @property
     def depth(self) -> int:
-        "Drafts to propose per request in the next step."
+        "Drafts to propose per request in the next step (0: plain decoding pays more at this load)."
+        if self.switch is not None and self.switch.plain: return 0
         return self.depth_ctl.depth if self.depth_ctl and self.stats.active else self.K
+
+    def _switch(self, reqs: list, runner) -> None:
+        """Feed the step just taken to the plain switch (its wall time since the last decision, the tokens it
+        committed, whether it verified drafts) and decide the next proposals' mode. A step that changes mode (a
+        plain step that drafted for the next one, a round that did not) is not recorded: it pays the switch (a
+        draft step of its own, a step not queued early), not its mode. Below the knee it never switches: that is
+        exactly the fixed-K path."""
+        st = getattr(runner, "stats", None)        # a runner's speculative counters (SpecStats)
+        if self.switch is None or st is None: return
+        now, R = time.perf_counter(), len(reqs)
+        counts = (st.num_drafts, st.num_accepted_tokens)
+        if self._switch_mark is not None:
+            t, (d0, a0) = self._switch_mark
+            plain = counts[0] == d0
+            if plain == (not any(r.drafts for r in reqs)):
+                self.switch.record(R, plain, R + counts[1] - a0, 1000 * (now - t))
+        self._switch_mark = (now, counts)
+        if R >= self.activation: self.switch.decide(R)
+        else: self.switch.plain = False
 
     def _lengths(self, a: torch.Tensor) -> list[int]:
         R, pol = a.shape[0], self.config.policy
@@ -277,8 +354,13 @@ class CapacityController:
         conf = runner.proposer.confidence
         found = {r.request_id: conf.pop(r.request_id, None) for r in reqs} if conf else {}
         if not reqs: return
+        self._switch(reqs, runner)
+        if self.switch is not None and self.switch.plain and not any(r.drafts for r in reqs):
+            self.stats.plain_steps += 1            # proposed at depth 0, and the next ones are too: nothing to cut
+            self.read(runner, False)
+            return
         R, rt = len(reqs), self._round_tokens(reqs, runner)
-        active = R >= self.activation and (self.config.activation is not None or self.worth(R, round_tokens=rt))
+        active = not self.bypasses(R, rt)
         active = runner.canon({"active": active}, "capacity activation")["active"]   # host timings differ by rank
         self.read(runner, active)
         if active and any(r.drafts and found.get(r.request_id) is None for r in reqs):
@@ -341,7 +423,7 @@ class CapacityController:
         "The engine ran out of work: the next batch starts from the full depth and a fresh budget history."
         if self.depth_ctl: self.depth_ctl.reset()
         if self.lagged: self.lagged.reset()
-        self._mark = None                          # the idle gap is not a step
+        self._mark = self._switch_mark = None      # the idle gap is not a step
 
     def summary(self) -> str:
         s = self.stats
@@ -448,4 +530,5 @@ def _cap_counts(llm) -> dict:
     "Capacity-control counters of an engine (zeros without it), to difference around a run."
     cap = llm.runner.capacity
     s = cap.stats if cap else CapacityStats()
-    return dict(active_steps=s.active_steps, bypassed_steps=s.bypassed_steps, proposed_drafts=s.proposed, kept_drafts=s.kept)
+    return dict(active_steps=s.active_steps, bypassed_steps=s.bypassed_steps, proposed_drafts=s.proposed, kept_drafts=s.kept,
+                plain_steps=s.plain_steps)

@@ -121,8 +121,14 @@ class ModelRunner:
         "Returns `{id: (positions computed, committed tokens)}` for requests that reached their last token, and logprobs."
         dev, pr = self.model.embed.weight.device, self.proposer
         if self.ahead is not None:                                # chapter 31: overlapped greedy decoding
-            if pr is None and self.ahead.takes(batch): return self._finish(batch, self.ahead.step(batch), [])
+            plain = pr is None or self._plain()                   # DSpark at depth 0: its graphs write the context
+            if plain and self.ahead.takes(batch):
+                self.observed = pr is not None
+                return self._finish(batch, self.ahead.step(batch), [])
             self.ahead.drop()
+        if self.round_ahead is not None and self.round_ahead.pending is not None:   # chapter 31: a round launched ahead
+            rd = self.round_ahead.take(batch)   # before anything below: a pageable copy of the ids would wait for it
+            if rd is not None: return self._finish(batch, *self._verify_round(self.forward.rounds, batch, None, None, rd))
         flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
@@ -132,7 +138,7 @@ class ModelRunner:
         greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
         rounds = getattr(self.forward, "rounds", None)             # chapter 28: verify, accept and draft in one graph
         compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
-        if greedy and rounds is not None and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
+        if greedy and rounds is not None and not self._plain() and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
         if self.round_ahead is not None: self.round_ahead.drop()
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
@@ -180,13 +186,13 @@ class ModelRunner:
             out[r.request_id] = (k, a, toks, lp)
         return out
 
-    def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor], seqs: list[SeqView]):
+    def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor] | None,
+                      seqs: list[SeqView] | None, rd=None):
         """A greedy verify step as one fused round (chapter 28): the host re-runs `greedy_verify` on the argmax it
         reads back and must agree with the device's acceptance, which the graph's drafts were anchored on. With
-        `round_ahead` (chapter 31) the round may have been launched at the end of the last one, and the next one is
-        launched before the host's bookkeeping of this one."""
+        `round_ahead` (chapter 31) the round `rd` may have been launched during the last one, and the next one is
+        launched as soon as this one's verification is read."""
         ahead = self.round_ahead
-        rd = ahead.take(batch) if ahead is not None else None
         if rd is None: rd = rounds(chunks, seqs)
         self.observed, decided = True, {}
         for i, (r, n) in enumerate(batch):
@@ -195,7 +201,9 @@ class ModelRunner:
                 raise RuntimeError(f"request {r.request_id}: the fused round accepted {rd.accepted[i]} drafts on the "
                                    f"device but {a} on the host")
             decided[r.request_id] = (n - 1, a, toks, None)
-        if ahead is not None: ahead.launch_next(batch, rd, decided, self._room)
+        if ahead is not None:                                      # under capacity control: only if it will not cut
+            gate = None if self.capacity is None else (lambda R: self.capacity.bypasses(R, rounds.rows(R)))
+            ahead.launch_next(batch, rd, decided, self._room, gate)
         return decided, [], (rd, {r.request_id: i for i, (r, _) in enumerate(batch)})
 
     def _finish(self, batch: list[tuple[Request, int]], decided: dict, feats: list[torch.Tensor], ready=None):
@@ -299,6 +307,10 @@ class ModelRunner:
         if drafts is None: return False
         for (r, _, m, toks), d in zip(pending, drafts): r.drafts = d[:max(0, self._room(r, r.num_computed + m, toks))]
         return True
+
+    def _plain(self) -> bool:
+        "Whether capacity control has switched drafting off at this load (depth 0): steps decode one token each."
+        return self.capacity is not None and self.capacity.depth == 0
 
     def _room(self, r: Request, P: int, toks: list[int]) -> int:
         "Drafts a request may take at anchor position `P`: the depth, bounded by the context and its max_tokens."
@@ -425,7 +437,9 @@ class LLM:
             if overlap_decode:                                   # chapter 31: the next step queued early
                 from dspark.overlap import DecodeAhead, RoundAhead
                 if proposer is None: self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len)
-                elif self.graphs.rounds is not None and capacity is None:
+                elif capacity is not None:                       # capacity control's depth 0 decodes plainly
+                    self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len, gate=self.runner._plain)
+                if proposer is not None and self.graphs.rounds is not None:
                     self.runner.round_ahead = RoundAhead(self.graphs.rounds, self.max_model_len)
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
             self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)

@@ -36,11 +36,17 @@ class RoundOutputs:
     verified: torch.Tensor    # int64 [n + R]: the target's argmax of every row, then accepted drafts per request
     drafted: torch.Tensor     # int64 [R·(1 + γ)]: whether each context window was complete, then the drafts [R, γ]
     conf: torch.Tensor        # [R, γ] confidence logits of the drafts
+    following: torch.Tensor | None = None   # int64 [R·(1 + γ)]: each request's next round, `[anchor, drafts…]`, on
+                                            # the device (chapter 31 feeds it to the round launched ahead)
 
 class Round:
-    "What the host reads back from one round, request by request (batch order); the drafts when `drafts()` is called."
-    def __init__(self, top: list[list[int]], accepted: list[int], fetch):
+    """What the host reads back from one round, request by request (batch order); the drafts when `drafts()` is
+    called. `handle` is the launch it came from and `rows` each request's row in it (chapter 31 reads the graph's
+    outputs on the device through them)."""
+    def __init__(self, top: list[list[int]], accepted: list[int], fetch, handle: tuple | None = None,
+                 rows: list[int] | None = None):
         self.top, self.accepted, self._fetch, self._drafts = top, accepted, fetch, None
+        self.handle, self.rows = handle, list(range(len(top))) if rows is None else rows
 
     def drafts(self) -> tuple[list[list[int]], list[bool], torch.Tensor]:
         "`(drafts [R][γ], context complete [R], confidence logits [R, γ] on the host)`; waits for the draft step."
@@ -62,12 +68,15 @@ class RoundGraphs:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, RoundOutputs]] = {}
         self.replays, self.graph_bytes = 0, 0
         self.host = self.events = None                 # pinned copies of the outputs, written inside the graphs
+        self.snaps, self.turn = None, 0                # two more for the drafts, copied behind a round (`snapshot`)
         if capture:
             z = lambda n, dt: torch.zeros(n, dtype=dt, pin_memory=True)
             self.host = RoundOutputs(z(max_seqs * (self.width + 1), torch.long), z(max_seqs * (1 + self.K), torch.long),
                                      z(max_seqs * self.K, torch.float32))
             # recorded inside every round graph; they live as long as the graphs (external: the host can wait on them)
             self.events = (torch.cuda.Event(external=True), torch.cuda.Event(external=True))
+            self.snaps = [(z(max_seqs * (1 + self.K), torch.long), z(max_seqs * self.K, torch.float32), torch.cuda.Event())
+                          for _ in range(2)]
             self.capture()
 
     def run(self, R: int) -> RoundOutputs:
@@ -84,7 +93,8 @@ class RoundGraphs:
         pos0 = buf.tok_pos[:n][first].long()
         slots = torch.where(pos0 >= 0, buf.ring_slot[:n][first], self.pr.ctx.scratch)
         drafts, conf, complete = self.pr.draft_tensors(slots, top[first + a], (pos0 + a + 1).clamp(min=0), self.K)
-        res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float())
+        res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float(),
+                           torch.cat([top[first + a][:, None], drafts], 1).reshape(-1))
         if self.host is not None:
             self.host.drafted[:R * (1 + self.K)].copy_(res.drafted, non_blocking=True)
             self.host.conf[:R * self.K].copy_(res.conf.reshape(-1), non_blocking=True)
@@ -160,12 +170,32 @@ class RoundGraphs:
         out, R, b, n, starts, lens = handle
         if self.host is not None: self.events[0].synchronize()
         v = (out if self.host is None else self.host).verified[:n + b].tolist()
-        return Round([v[s:s + m] for s, m in zip(starts, lens)], v[n:n + R], lambda: self._fetch(out, R, b))
+        src, ev = (out, None) if self.host is None else (self.host, self.events[1])
+        fetch = lambda: self._unpack(src.drafted, src.conf if self.pr.confidence is not None else None, ev, R, b)
+        return Round([v[s:s + m] for s, m in zip(starts, lens)], v[n:n + R], fetch, handle)
 
-    def _fetch(self, out: RoundOutputs, R: int, b: int):
-        src = out if self.host is None else self.host
-        if self.host is not None: self.events[1].synchronize()
-        v = src.drafted[:b * (1 + self.K)].tolist()
-        read = self.pr.confidence is not None                 # capacity control reads them only while active
-        conf = src.conf.view(-1)[:R * self.K].view(R, self.K).clone().cpu() if read else [None] * R
+    def snapshot(self, handle: tuple):
+        """Copy a launched round's drafts (and confidences, while capacity control reads them) out of the graph's
+        outputs, queued behind the round, into the spare one of two pinned buffers: the next round can then be
+        launched before the host has read this one's drafts (its replay rewrites the graph's own copies). Returns
+        the fetch that reads the copy (`Round.drafts`)."""
+        out, R, b, n, starts, lens = handle
+        m, read = b * (1 + self.K), self.pr.confidence is not None
+        conf = out.conf.reshape(-1)[:R * self.K]
+        if self.snaps is None:                                # no graphs: the outputs are rewritten in place
+            drafted, conf, ev = out.drafted[:m].clone(), conf.clone(), None
+        else:
+            (drafted, host_conf, ev), self.turn = self.snaps[self.turn], self.turn ^ 1
+            drafted[:m].copy_(out.drafted[:m], non_blocking=True)
+            if read: host_conf[:R * self.K].copy_(conf, non_blocking=True)
+            conf = host_conf
+            ev.record()
+        return lambda: self._unpack(drafted, conf if read else None, ev, R, b)
+
+    def _unpack(self, drafted: torch.Tensor, conf: torch.Tensor | None, event, R: int, b: int):
+        """A round's `(drafts [R][γ], context complete [R], confidence logits [R, γ])` from its copies, once `event`
+        has passed; `conf` None: capacity control is not reading them (it reads them only while active)."""
+        if event is not None: event.synchronize()
+        v = drafted[:b * (1 + self.K)].tolist()
+        conf = [None] * R if conf is None else conf.reshape(-1)[:R * self.K].view(R, self.K).clone().cpu()
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf

@@ -56,8 +56,9 @@ class DecodeAhead:
     and schedules step t while the GPU runs step t + 1, so a step costs the larger of the two instead of their
     sum. Exactly the tokens of the synchronous path: a lookahead step is used only when the engine schedules
     what it computed (see `Launched.match`); otherwise it is dropped and the step runs as scheduled."""
-    def __init__(self, graphs: GraphRunner, max_model_len: int):
+    def __init__(self, graphs: GraphRunner, max_model_len: int, gate=None):
         self.g, self.max_model_len = graphs, max_model_len
+        self.gate = gate                 # DSpark's depth 0: launch the next step only while it stays a plain decode
         dev, N = graphs.buf.ids.device, graphs.max_tokens
         cuda = dev.type == "cuda"
         self.top = [torch.zeros(N, dtype=torch.long, device=dev) for _ in range(2)]   # two steps in flight at most
@@ -99,6 +100,7 @@ class DecodeAhead:
         else: self.used += 1
         nxt = [(j, r) for j, (r, _) in zip(idx, batch) if not self._finishing(r)]
         if nxt and not all(self._fits(r, cur.starts[j] + 1) for j, r in nxt): nxt = []   # launched, it would be dropped
+        if nxt and self.gate is not None and not self.gate(): nxt = []   # the next step drafts
         if nxt:                                   # the next step, fed this one's argmax on the device
             js = [j for j, _ in nxt]
             ids = cur.top[:len(js)] if js == list(range(len(js))) else cur.top[self._on_device(js)]
@@ -120,8 +122,7 @@ class DecodeAhead:
 
     def _on_device(self, js: list[int]) -> torch.Tensor:
         "Row indices on the device without a sync: a pageable copy would wait for the step just launched."
-        t = torch.tensor(js, dtype=torch.long)
-        return t.pin_memory().to(self.top[0].device, non_blocking=True) if self.top[0].is_cuda else t
+        return _to_device(js, self.top[0])
 
     @staticmethod
     def _views(reqs: list, starts: list[int]) -> list[SeqView]:
@@ -149,15 +150,18 @@ def covered(r, end: int, block_size: int) -> bool:
     return len(r.table) >= need and len(r.window_table) >= need
 
 class RoundAhead:
-    """Overlapped DSpark rounds (chapter 28's fused round graphs): once a round's verification and drafts are read,
-    the next round is launched, for the requests that will still be decoding, on the anchor and drafts the host is
-    about to commit, and only then does the host do the round's bookkeeping (commit, detokenise, stream, schedule).
-    The next round's layout depends on how many drafts were accepted, so it cannot be queued before that is known
-    (as `DecodeAhead`'s next step is); what overlaps the GPU is the bookkeeping. Used only when the engine then
-    schedules exactly that round (`Launched.match`), so the tokens are the synchronous engine's."""
+    """Overlapped DSpark rounds (chapter 28's fused round graphs): as soon as a round's verification is read, the next
+    round is launched, for the requests that will still be decoding, on the anchor the host has just accepted and
+    the drafts the GPU is still computing: its token ids are gathered on the device from this round's outputs, so
+    the next round is queued behind this one's draft step and the GPU does not wait for the host. The host then
+    reads the drafts (copied out behind the round, `RoundGraphs.snapshot`) and does the round's bookkeeping
+    (commit, detokenise, stream, schedule) while the GPU runs the next round. The next round's layout depends on
+    how many drafts were accepted, so it cannot be queued before the verification is read (as `DecodeAhead`'s next
+    step is). Used only when the engine then schedules exactly that round (`Launched.match`), so the tokens are
+    the synchronous engine's."""
     def __init__(self, rounds, max_model_len: int):
         self.rounds, self.max_model_len = rounds, max_model_len
-        self.pending: tuple | None = None          # (Launched, the round's launch handle)
+        self.pending: tuple | None = None          # (Launched, the round's launch handle, the Round it was fed by)
         self.used = self.dropped = 0
 
     def drop(self) -> None:
@@ -167,36 +171,60 @@ class RoundAhead:
     def take(self, batch: list):
         "The round launched ahead for exactly this batch, read (a `Round` in batch order), or None."
         if self.pending is None: return None
-        (got, handle), self.pending = self.pending, None
+        (got, handle, fed), self.pending = self.pending, None
+        drafts = fed.drafts()[0]                    # the host knows them now (the engine took them in `settle`)
+        got.ids = [[anchor] + drafts[i][:c] for i, anchor, c in got.ids]
         idx = got.match(batch)
         if idx is None:
             self.dropped += 1
             return None
         self.used += 1
         rd = self.rounds.read(handle)
-        fetch = rd._fetch
-        def pick():
-            drafts, complete, conf = fetch()
-            return [drafts[j] for j in idx], [complete[j] for j in idx], [conf[j] for j in idx]
-        return type(rd)([rd.top[j] for j in idx], [rd.accepted[j] for j in idx], pick)
+        return type(rd)([rd.top[j] for j in idx], [rd.accepted[j] for j in idx], _pick(rd._fetch, idx), handle, idx)
 
-    def launch_next(self, batch: list, rd, decided: dict, room) -> None:
-        """Launch the round after `rd`: each request's anchor (its last committed token) and the drafts the round
-        made there, cut to `room(r, P, toks)` as the engine will cut them, for the requests that do not finish on
-        length, if every other request's blocks already cover the round."""
-        drafts, _, _ = rd.drafts()                  # read now: the next replay overwrites the pinned outputs
+    def launch_next(self, batch: list, rd, decided: dict, room, gate=None) -> None:
+        """Launch the round after `rd`, whose verification the host has read and whose drafts it has not: each
+        request's anchor (its last committed token) and the drafts the round is making there, cut to
+        `room(r, P, toks)` as the engine will cut them, for the requests that do not finish on length, if every
+        other request's blocks already cover the round, and `gate(requests)` holds (capacity control will not cut
+        the drafts)."""
         g, bs = self.rounds.g, self.rounds.g.buf.block_size
-        rows, starts, ids = [], [], []
+        out, _, b, rows0, starts0, _ = rd.handle     # the round's outputs: rows0 verified rows, then b requests
+        K = self.rounds.K
+        rows, starts, lens, spec, src = [], [], [], [], []
         for i, (r, n) in enumerate(batch):
             k, a, toks, _ = decided[r.request_id]
             P = r.num_computed + n - k + a          # where the anchor toks[-1] sits
             if (len(r.output_ids) + len(toks) >= r.params.max_tokens or r.num_tokens + len(toks) >= self.max_model_len):
                 continue                            # finishes on length: no next round
-            chunk = [toks[-1]] + drafts[i][:max(0, room(r, P, toks))]
-            if not covered(r, P + len(chunk), bs) or P + len(chunk) - 1 > g.max_pos: return   # see DecodeAhead._fits
-            rows.append(r); starts.append(P); ids.append(chunk)
-        if not rows or self.rounds.bucket(len(rows)) is None: return
+            c = min(K, max(0, room(r, P, toks)))
+            if not covered(r, P + 1 + c, bs) or P + c > g.max_pos: return   # see DecodeAhead._fits
+            j = rd.rows[i]                          # its row in the round's outputs
+            src.append(starts0[j] + a)              # the anchor: the target's argmax after the accepted drafts
+            at = rows0 + 2 * b + j * K               # its drafts, in `verified ⊕ drafted`
+            src.extend(range(at, at + c))
+            rows.append(r); starts.append(P); lens.append(1 + c); spec.append((i, toks[-1], c))
+        if (not rows or self.rounds.bucket(len(rows)) is None or (gate is not None and not gate(len(rows)))
+                or all(m == 1 for m in lens)): return     # no drafts anywhere: a plain decode step, not a round
         seqs = [SeqView(r.window_table, r.table, r.slot, P, r.pooled_upto) for r, P in zip(rows, starts)]
-        if g.graphs_for_lens([len(c) for c in ids], seqs) is not g.graphs: return
-        handle = self.rounds.launch([len(c) for c in ids], seqs, [t for c in ids for t in c])
-        self.pending = (Launched(rows, starts, None, None, None, ids), handle)
+        if g.graphs_for_lens(lens, seqs) is not g.graphs: return
+        rd._fetch = _pick(self.rounds.snapshot(rd.handle), rd.rows)   # before the next replay rewrites the outputs
+        c0 = lens[0] - 1
+        if [rd.rows[i] for i, _, _ in spec] == list(range(len(spec))) and all(m == c0 + 1 for m in lens):
+            ids = out.following.view(b, K + 1)[:len(spec), :c0 + 1].reshape(-1)   # the steady state: the round's own layout
+        else: ids = torch.cat([out.verified, out.drafted])[_to_device(src, out.drafted)]   # rows drop out, rooms differ
+        handle = self.rounds.launch(lens, seqs, ids)
+        self.pending = (Launched(rows, starts, None, None, None, spec), handle, rd)
+
+def _pick(fetch, idx: list[int]):
+    "A round's draft fetch, reordered to a batch whose request i is the round's row `idx[i]`."
+    if idx == list(range(len(idx))): return fetch
+    def pick():
+        drafts, complete, conf = fetch()
+        return [drafts[j] for j in idx], [complete[j] for j in idx], [conf[j] for j in idx]
+    return pick
+
+def _to_device(ints: list[int], like: torch.Tensor) -> torch.Tensor:
+    "Host ints as a device index without a sync (a pageable copy would wait for the round in flight)."
+    t = torch.tensor(ints, dtype=torch.long)
+    return t.pin_memory().to(like.device, non_blocking=True) if like.is_cuda else t

@@ -39,7 +39,7 @@ class RoundReplay:
 
     def replay(self) -> None:
         new = self.rounds.run(self.R)
-        for name in ("verified", "drafted", "conf"): getattr(self.out, name).copy_(getattr(new, name))
+        for name in ("verified", "drafted", "conf", "following"): getattr(self.out, name).copy_(getattr(new, name))
 
 
 def emulate_rounds(llm) -> RoundGraphs:

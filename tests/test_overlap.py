@@ -113,9 +113,9 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     from test_fused_round import emulate_rounds
     use_references(monkeypatch)
     prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 12))]
-    def go(ahead: bool, params, late=None):
+    def go(ahead: bool, params, late=None, capacity=None):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
-                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, capacity=capacity)
         rounds = emulate_rounds(llm)
         if ahead: llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
         seen, schedule = [], llm.scheduler.schedule
@@ -138,3 +138,80 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     assert stats == sync[1] and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert seen == sync[2]
     assert ahead.used >= 4 and ahead.dropped >= 1
+    # capacity control, active from 3 requests (the threshold policy: its cuts depend on the confidences alone) and
+    # bypassed below: rounds are launched ahead only while it is bypassed, and the tokens, acceptance and what was
+    # scheduled are the synchronous capacity engine's
+    from dspark.capacity_control import CapacityConfig
+    cap = lambda: CapacityConfig(policy="threshold", threshold=0.5, activation=3, sps=[(B, 1.0) for B in range(1, 64)])
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 9, 25)]
+    sync = go(False, params, capacity=cap())
+    outs, stats, seen, ahead = go(True, params, capacity=cap())
+    assert outs == sync[0] and stats == sync[1] and seen == sync[2]
+    assert any(len(b) == 3 and any(len(d) < 3 for d in b.values()) for b in seen)   # it cut drafts at 3 requests
+    assert ahead.used >= 4 and ahead.dropped == 0
+
+
+def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
+    "`PlainSwitch` on synthetic rates: learns drafting, then plain, keeps the faster, probes, and needs the margin."
+    from dspark.capacity_control import PlainSwitch
+    sw = PlainSwitch(margin=0.05, probe_every=10, probe_len=2)
+    rate = {False: 3.0, True: 5.0}                  # tokens per ms: plain decoding is faster at this load
+    modes = []
+    for _ in range(60):
+        plain = sw.decide(64)
+        modes.append(plain)
+        sw.record(64, plain, int(rate[plain] * 10), 10.0)
+    assert modes[0] is False and True in modes[:8]           # drafting first, then plain is tried
+    tail = modes[20:]
+    assert tail.count(True) > 0.7 * len(tail) and False in tail   # mostly plain, with probes of drafting
+    sw.reset()
+    for _ in range(40):                                      # 3% apart: inside the margin, drafting stays
+        plain = sw.decide(64); sw.record(64, plain, 103 if plain else 100, 10.0)
+    assert not sw.preferred
+    assert PlainSwitch.bucket(1) == 1 and PlainSwitch.bucket(33) == 64 and PlainSwitch.bucket(64) == 64
+
+
+def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
+    """Capacity control's depth 0 (emulated graphs): scripted plain/draft decisions; plain steps run as overlapped
+    decode steps (`DecodeAhead`, the graphs writing the drafter's context), drafting resumes with rounds, and the
+    tokens, acceptance and every scheduled batch equal the synchronous engine's with the same decisions."""
+    from dspark.capacity_control import CapacityConfig, PlainSwitch
+    from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.capacity_control import sweep_prompts
+    from dspark.overlap import DecodeAhead, RoundAhead
+    from test_fused_round import emulate_rounds
+    use_references(monkeypatch)
+    script = [False] * 3 + [True] * 8 + [False] * 6 + [True] * 5 + [False] * 100
+    def go(ahead: bool):
+        calls = iter(script)
+        def decide(self, R):
+            self.plain = next(calls); return self.plain
+        monkeypatch.setattr(PlainSwitch, "decide", decide)
+        llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
+                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False,
+                         capacity=CapacityConfig(policy="threshold", sps=[(B, 1.0) for B in range(1, 64)]))
+        cap = llm.runner.capacity
+        cap.activation = 1                                   # the switch runs at every size (the knee is automatic)
+        rounds = emulate_rounds(llm)
+        if ahead:
+            llm.runner.round_ahead = RoundAhead(rounds, llm.max_model_len)
+            llm.runner.ahead = DecodeAhead(rounds.g, llm.max_model_len, gate=llm.runner._plain)
+            llm.scheduler.sc.lookahead = 3 + 1
+        seen, schedule = [], llm.scheduler.schedule
+        def spy():
+            batch = schedule(); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        llm.scheduler.schedule = spy
+        prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 2, 40), (40, 23))]
+        sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 30)]
+        outs = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(prompts, sp, use_tqdm=False)]
+        return outs, llm.runner.stats, seen, llm.runner, cap.stats
+    sync = go(False)
+    outs, stats, seen, runner, cs = go(True)
+    plain_eng = dspark.LLM(DEFAULT_MODEL, max_num_seqs=4, max_model_len=128, kv_cache_memory_bytes=16 * 2**20)
+    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 2, 40), (40, 23))]
+    ref = [o.outputs[0].token_ids for o in plain_eng.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 30)], use_tqdm=False)]
+    assert [t for t, _ in outs] == ref                       # greedy: exactly the non-speculative tokens
+    assert outs == sync[0] and stats == sync[1] and seen == sync[2]
+    flags = [not any(b.values()) for b in seen if len(b) == 2]   # steps of both requests without any draft
+    assert sum(flags) >= 8 and any(flags[i] and not flags[i + 1] for i in range(len(flags) - 1))   # and drafting resumed
+    assert runner.ahead.used >= 4 and runner.round_ahead.used >= 2 and cs.plain_steps >= 8
