@@ -430,7 +430,7 @@ class CapacityController:
         T = ", ".join(f"{t:.2f}" for t in self.sts.temps.tolist()) if self.sts else "off"
         return (f"Capacity: {'active' if s.active else 'bypassed'} (knee {self.activation}), kept {s.kept}/{s.proposed} drafts, "
                 f"requests by kept drafts {s.kept_hist}, last verify batch {s.verify_tokens} tokens -> graph "
-                f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, STS T [{T}], host "
+                f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, plain steps {s.plain_steps}, STS T [{T}], host "
                 f"{'n/a' if self.host_ms_per_request is None else f'{self.host_ms_per_request:.3f}'} ms/request a step")
 
 # %% ../nbs/21_capacity_control.ipynb #bb470e9a

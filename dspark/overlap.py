@@ -214,6 +214,7 @@ class RoundAhead:
             ids = out.following.view(b, K + 1)[:len(spec), :c0 + 1].reshape(-1)   # the steady state: the round's own layout
         else: ids = torch.cat([out.verified, out.drafted])[_to_device(src, out.drafted)]   # rows drop out, rooms differ
         handle = self.rounds.launch(lens, seqs, ids)
+        # `ids` holds (batch index, anchor, drafts kept) until `take`, which has the drafts by then
         self.pending = (Launched(rows, starts, None, None, None, spec), handle, rd)
 
 def _pick(fetch, idx: list[int]):

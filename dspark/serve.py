@@ -344,6 +344,8 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("capacity-activation", type=int, default=None, help="requests per step at which capacity control starts (default: the curve's knee)")
     f("dynamic-draft-depth", action=argparse.BooleanOptionalAction, default=True, help="load-aware physical draft depth")
     f("online-sts", action=argparse.BooleanOptionalAction, default=True, help="calibrate the confidence head online")
+    f("plain-switch", action=argparse.BooleanOptionalAction, default=True,
+      help="above the knee, stop drafting (depth 0) while plain decoding commits more tokens per second")
     a = p.parse_args(argv)
     try: capacity_config(a)
     except ValueError as e: p.error(str(e))
@@ -363,7 +365,7 @@ def capacity_config(a: argparse.Namespace):
     from dspark.capacity_control import CapacityConfig
     if a.capacity == "off": return None
     return CapacityConfig(policy=a.capacity, threshold=a.capacity_threshold, sps=a.capacity_sps, activation=a.capacity_activation,
-                          dynamic_depth=a.dynamic_draft_depth, online_sts=a.online_sts)
+                          dynamic_depth=a.dynamic_draft_depth, online_sts=a.online_sts, plain_switch=a.plain_switch)
 
 # %% ../nbs/17_serve.ipynb #4047bbf9
 def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:

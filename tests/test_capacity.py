@@ -241,6 +241,9 @@ def test_serve_flags(ck7):
                    env={"DSPARK_CAPACITY": "lagged", "DSPARK_CAPACITY_ACTIVATION": "2", "DSPARK_ONLINE_STS": "0"})
     conf, _ = resolve(a)
     assert conf["capacity"]["policy"] == "lagged" and conf["capacity"]["activation"] == 2 and not conf["capacity"]["online_sts"]
+    assert conf["capacity"]["plain_switch"]
+    a = parse_args(["--model", str(ck7), "--capacity", "auto", "--no-plain-switch"], env={})
+    assert not capacity_config(a).plain_switch
     with pytest.raises(SystemExit): parse_args(["--capacity-threshold", "2", "--capacity", "threshold"], env={})
     a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20), "--capacity", "off"], env={})
     assert resolve(a)[0]["capacity"] is None and capacity_config(a) is None
