@@ -339,8 +339,9 @@ class CapacityController:
             if plain == (not any(r.drafts for r in reqs)):
                 self.switch.record(R, plain, R + counts[1] - a0, 1000 * (now - t))
         self._switch_mark = (now, counts)
-        if R >= self.activation: self.switch.decide(R)
-        else: self.switch.plain = False
+        plain = self.switch.decide(R) if R >= self.activation else False
+        canon = getattr(runner, "canon", None)       # under TP: rank 0's decision on every rank (timings differ)
+        self.switch.plain = plain if canon is None else canon({"plain": plain}, "plain switch")["plain"]
 
     def _lengths(self, a: torch.Tensor) -> list[int]:
         R, pol = a.shape[0], self.config.policy

@@ -215,3 +215,28 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
     flags = [not any(b.values()) for b in seen if len(b) == 2]   # steps of both requests without any draft
     assert sum(flags) >= 8 and any(flags[i] and not flags[i + 1] for i in range(len(flags) - 1))   # and drafting resumed
     assert runner.ahead.used >= 4 and runner.round_ahead.used >= 2 and cs.plain_steps >= 8
+
+
+def test_capacity_records_only_steps_that_keep_their_mode():
+    """`CapacityController._switch`: a step is fed to the switch with its committed tokens and mode, except a step
+    that changes mode (a plain step that proposed drafts, a round that proposed none), whose cost is the switch's."""
+    from types import SimpleNamespace
+    from dspark.capacity import SPSCurve
+    from dspark.capacity_control import CapacityConfig, CapacityController
+    cap = CapacityController(CapacityConfig(policy="scheduler"), 5, SPSCurve([(1, 1.0), (96, 1.0)], capture_limit=96),
+                             [1, 8, 96], 16)
+    cap.activation = 1
+    got = []
+    cap.switch.record = lambda R, plain, tokens, ms: got.append((R, plain, tokens))
+    cap.switch.decide = lambda R: False
+    st = SimpleNamespace(num_drafts=0, num_accepted_tokens=0)
+    runner = SimpleNamespace(stats=st)
+    reqs = lambda drafts: [SimpleNamespace(drafts=list(drafts)) for _ in range(4)]
+    cap._switch(reqs([1, 2]), runner)                        # the first decision only marks the time
+    st.num_drafts, st.num_accepted_tokens = 4, 6             # a round: 4 requests, 6 drafts accepted
+    cap._switch(reqs([1, 2]), runner)                        # ... that proposed drafts again: recorded
+    st.num_drafts, st.num_accepted_tokens = 8, 9
+    cap._switch(reqs([]), runner)                            # a round that proposed none: the switch's cost
+    cap._switch(reqs([]), runner)                            # a plain step, proposing none: recorded
+    cap._switch(reqs([3]), runner)                           # a plain step that proposed drafts: not recorded
+    assert got == [(4, False, 10), (4, True, 4)]
