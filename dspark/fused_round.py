@@ -92,9 +92,10 @@ class RoundGraphs:
             self.host.verified[:n + R].copy_(verified, non_blocking=True); self.events[0].record()
         pos0 = buf.tok_pos[:n][first].long()
         slots = torch.where(pos0 >= 0, buf.ring_slot[:n][first], self.pr.ctx.scratch)
-        drafts, conf, complete = self.pr.draft_tensors(slots, top[first + a], (pos0 + a + 1).clamp(min=0), self.K)
+        anchors = top[first + a]                            # each request's new anchor: the token after its accepted drafts
+        drafts, conf, complete = self.pr.draft_tensors(slots, anchors, (pos0 + a + 1).clamp(min=0), self.K)
         res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float(),
-                           torch.cat([top[first + a][:, None], drafts], 1).reshape(-1))
+                           torch.cat([anchors[:, None], drafts], 1).reshape(-1))
         if self.host is not None:
             self.host.drafted[:R * (1 + self.K)].copy_(res.drafted, non_blocking=True)
             self.host.conf[:R * self.K].copy_(res.conf.reshape(-1), non_blocking=True)
@@ -181,16 +182,16 @@ class RoundGraphs:
         the fetch that reads the copy (`Round.drafts`)."""
         out, R, b, n, starts, lens = handle
         m, read = b * (1 + self.K), self.pr.confidence is not None
-        conf = out.conf.reshape(-1)[:R * self.K]
+        conf = out.conf.reshape(-1)[:R * self.K] if read else None
         if self.snaps is None:                                # no graphs: the outputs are rewritten in place
-            drafted, conf, ev = out.drafted[:m].clone(), conf.clone(), None
+            drafted, ev = out.drafted[:m].clone(), None
+            if read: conf = conf.clone()
         else:
             (drafted, host_conf, ev), self.turn = self.snaps[self.turn], self.turn ^ 1
             drafted[:m].copy_(out.drafted[:m], non_blocking=True)
-            if read: host_conf[:R * self.K].copy_(conf, non_blocking=True)
-            conf = host_conf
+            if read: conf = host_conf[:R * self.K].copy_(conf, non_blocking=True)
             ev.record()
-        return lambda: self._unpack(drafted, conf if read else None, ev, R, b)
+        return lambda: self._unpack(drafted, conf, ev, R, b)
 
     def _unpack(self, drafted: torch.Tensor, conf: torch.Tensor | None, event, R: int, b: int):
         """A round's `(drafts [R][γ], context complete [R], confidence logits [R, γ])` from its copies, once `event`

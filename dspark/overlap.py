@@ -161,7 +161,8 @@ class RoundAhead:
     the synchronous engine's."""
     def __init__(self, rounds, max_model_len: int):
         self.rounds, self.max_model_len = rounds, max_model_len
-        self.pending: tuple | None = None          # (Launched, the round's launch handle, the Round it was fed by)
+        self.pending: tuple | None = None          # (Launched, its launch handle, the Round it was fed by, and per
+                                                   # request (batch index there, anchor, drafts kept))
         self.used = self.dropped = 0
 
     def drop(self) -> None:
@@ -171,9 +172,9 @@ class RoundAhead:
     def take(self, batch: list):
         "The round launched ahead for exactly this batch, read (a `Round` in batch order), or None."
         if self.pending is None: return None
-        (got, handle, fed), self.pending = self.pending, None
+        (got, handle, fed, spec), self.pending = self.pending, None
         drafts = fed.drafts()[0]                    # the host knows them now (the engine took them in `settle`)
-        got.ids = [[anchor] + drafts[i][:c] for i, anchor, c in got.ids]
+        got.ids = [[anchor] + drafts[i][:c] for i, anchor, c in spec]
         idx = got.match(batch)
         if idx is None:
             self.dropped += 1
@@ -191,7 +192,7 @@ class RoundAhead:
         g, bs = self.rounds.g, self.rounds.g.buf.block_size
         out, _, b, rows0, starts0, _ = rd.handle     # the round's outputs: rows0 verified rows, then b requests
         K = self.rounds.K
-        rows, starts, lens, spec, src = [], [], [], [], []
+        rows, starts, lens, spec = [], [], [], []
         for i, (r, n) in enumerate(batch):
             k, a, toks, _ = decided[r.request_id]
             P = r.num_computed + n - k + a          # where the anchor toks[-1] sits
@@ -199,23 +200,24 @@ class RoundAhead:
                 continue                            # finishes on length: no next round
             c = min(K, max(0, room(r, P, toks)))
             if not covered(r, P + 1 + c, bs) or P + c > g.max_pos: return   # see DecodeAhead._fits
-            j = rd.rows[i]                          # its row in the round's outputs
-            src.append(starts0[j] + a)              # the anchor: the target's argmax after the accepted drafts
-            at = rows0 + 2 * b + j * K               # its drafts, in `verified ⊕ drafted`
-            src.extend(range(at, at + c))
             rows.append(r); starts.append(P); lens.append(1 + c); spec.append((i, toks[-1], c))
         if (not rows or self.rounds.bucket(len(rows)) is None or (gate is not None and not gate(len(rows)))
                 or all(m == 1 for m in lens)): return     # no drafts anywhere: a plain decode step, not a round
         seqs = [SeqView(r.window_table, r.table, r.slot, P, r.pooled_upto) for r, P in zip(rows, starts)]
         if g.graphs_for_lens(lens, seqs) is not g.graphs: return
         rd._fetch = _pick(self.rounds.snapshot(rd.handle), rd.rows)   # before the next replay rewrites the outputs
-        c0 = lens[0] - 1
-        if [rd.rows[i] for i, _, _ in spec] == list(range(len(spec))) and all(m == c0 + 1 for m in lens):
-            ids = out.following.view(b, K + 1)[:len(spec), :c0 + 1].reshape(-1)   # the steady state: the round's own layout
-        else: ids = torch.cat([out.verified, out.drafted])[_to_device(src, out.drafted)]   # rows drop out, rooms differ
+        js = [rd.rows[i] for i, _, _ in spec]       # each request's row in the round's outputs
+        if js == list(range(len(js))) and len(set(lens)) == 1:   # the steady state: the round's own `following`
+            ids = out.following.view(b, K + 1)[:len(js), :lens[0]].reshape(-1)
+        else:                                       # rows drop out or rooms differ: gather from `verified ⊕ drafted`
+            src = []
+            for j, (i, _, c) in zip(js, spec):
+                a = decided[batch[i][0].request_id][1]
+                at = rows0 + 2 * b + j * K          # row j's drafts; its anchor is the argmax after the accepted ones
+                src += [starts0[j] + a, *range(at, at + c)]
+            ids = torch.cat([out.verified, out.drafted])[_to_device(src, out.drafted)]
         handle = self.rounds.launch(lens, seqs, ids)
-        # `ids` holds (batch index, anchor, drafts kept) until `take`, which has the drafts by then
-        self.pending = (Launched(rows, starts, None, None, None, spec), handle, rd)
+        self.pending = (Launched(rows, starts, None, None, None), handle, rd, spec)   # its ids: in `take`
 
 def _pick(fetch, idx: list[int]):
     "A round's draft fetch, reordered to a batch whose request i is the round's row `idx[i]`."
