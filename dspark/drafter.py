@@ -14,7 +14,7 @@ from torch import nn
 
 from .attention import sink_attention
 from .config import ModelConfig
-from .layers import RMSNorm, hc_head, hc_post, hc_pre, rope_cos_sin
+from .layers import RMSNorm, _fast_ok, hc_head, hc_post, hc_pre, rope_cos_sin
 from .model import Block, Transformer
 from .quant import FP8_MAX
 from .sampling import STREAMS, RowParams, SamplingParams, draw_keyed, row_probs
@@ -76,7 +76,9 @@ class DSparkDrafter(nn.Module):
         self._target = [target]                      # shared, not a submodule: its weights are the target's
         self.fp8_head: RowwiseFP8Head | None = None  # set by `use_fp8_head()`
         self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in fused kernels (graphs chapter)
-        self.rope_kernel = None                      # ... and the fused q/kv norm + RoPE kernel (`kernels_fused.qkv_rope_insert_`)
+        self.rope_kernel = None                      # ... the fused q/kv norm + RoPE kernel (`kernels_fused.qkv_rope_insert_`)
+        self.attn_kernel = None                      # ... the one-launch block attention (`kernels_draft.draft_block_attention`)
+        self.markov_kernel = None                    # ... and the greedy Markov loop in γ + 1 launches (`kernels_draft`)
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -112,7 +114,9 @@ class DSparkDrafter(nn.Module):
         ids = torch.cat([anchors[:, None], torch.full((R, g - 1), cfg.dspark_noise_token_id, device=dev)], dim=1)
         x = self.target.embed(ids)[:, :, None, :].expand(R, g, cfg.hc_mult, -1).contiguous()
         pos = P[:, None] + torch.arange(g, device=dev)
-        mask = torch.cat([valid[:, None, :].expand(R, g, -1), torch.ones(R, g, g, dtype=torch.bool, device=dev)], -1)
+        fused = _fast_ok(self.attn_kernel)                                      # one launch a stage (chapter 32)
+        if not fused:
+            mask = torch.cat([valid[:, None, :].expand(R, g, -1), torch.ones(R, g, g, dtype=torch.bool, device=dev)], -1)
         pre, post_fn, head = self.mhc
         angles = {}                                                             # cos/sin per RoPE table, once per block
         for s, st in enumerate(self.mtp):
@@ -122,8 +126,10 @@ class DSparkDrafter(nn.Module):
             if id(inv) not in angles: angles[id(inv)] = rope_cos_sin(inv, pos)
             cos, sin = angles[id(inv)]
             q, kv = self._qkv(st.attn, y, cos, sin)
-            keys = torch.cat([rows[:, s].to(kv.dtype), kv], dim=1)              # context rows ⊕ block rows
-            o = sink_attention(q, keys, mask, st.attn.attn_sink, cfg.head_dim ** -0.5)   # non-causal in the block
+            if fused: o = self.attn_kernel(q, rows[:, s], valid, kv, st.attn.attn_sink, cfg.head_dim ** -0.5)
+            else:
+                keys = torch.cat([rows[:, s].to(kv.dtype), kv], dim=1)          # context rows ⊕ block rows
+                o = sink_attention(q, keys, mask, st.attn.attn_sink, cfg.head_dim ** -0.5)   # non-causal in the block
             x = post_fn(self._output(st.attn, o, cos, sin, y.dtype), x, post, comb)
             y, post, comb = pre(x, *st.site("ffn"), cfg)
             x = post_fn(st.ffn(st.ffn_norm(y)), x, post, comb)
@@ -218,6 +224,9 @@ class DSparkDrafter(nn.Module):
         they are one-hot) or the draws."""
         h = self.block_hidden(anchors, P, rows, valid)
         U, mh, n = self.base_logits(h), self.last.markov_head, min(n, self.block_size)
+        if _fast_ok(self.markov_kernel):                                        # γ + 1 launches (chapter 32)
+            return self.markov_kernel(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight,
+                                      self.last.confidence_head.proj.weight[0], n)
         prev = [anchors]
         for k in range(n):
             lg = torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1])))   # the bias is promoted to fp32 exactly

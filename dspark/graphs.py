@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
+from .kernels_draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
 from .kernels_fused import qkv_rope_insert_
 from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from .attention import Attention
@@ -344,7 +345,8 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
     any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU
     activations also get their one-launch kernels (chapter 27), for inference outside batch-invariant mode, and the
-    DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 20)."""
+    DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 20), its attention and greedy Markov
+    loop theirs (chapter 32) once `draft_kernels_check` finds them in agreement with their references on the device."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
         if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)
@@ -356,7 +358,11 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
         if isinstance(m, MoE): stack_linears(m.shared_experts, (m.shared_experts.w1, m.shared_experts.w3))
-    if hasattr(model, "rope_kernel"): model.rope_kernel = qkv_rope_insert_   # the DSpark drafter's block attention
+    if hasattr(model, "rope_kernel"):                      # the DSpark drafter: its block attention and Markov loop
+        model.rope_kernel = qkv_rope_insert_
+        why = draft_kernels_check(model)                   # chapter 32: on only once they agree on this device
+        if why is None: model.attn_kernel, model.markov_kernel = draft_block_attention, markov_greedy_triton
+        else: log.warning("DSpark draft kernels off, the drafter keeps its torch path: %s", why)
     else:                                                  # a target: one GEMM for each layer's x projections
         for blk in getattr(model, "layers", []):
             attn = getattr(blk, "attn", None)

@@ -1,0 +1,120 @@
+"""The draft step's Triton kernels (nbs/32_kernels_draft) against their torch references, and the drafter with them
+against the drafter without. On a machine without CUDA they run under Triton's interpreter at small shapes."""
+import os
+
+import torch
+
+if not torch.cuda.is_available(): os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+
+pytest.importorskip("triton")
+
+import dspark
+from dspark.drafter import load_drafter
+from dspark.kernels_draft import (draft_block_attention, draft_block_attention_ref, markov_greedy_ref,
+                                  markov_greedy_triton)
+from dspark.kernels_hc import aten_launches
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("R,G,V,D,rank,n,dtype", [
+    (3, 5, 300, 24, 8, 5, torch.float32),        # one split
+    (2, 4, 1100, 16, 12, 2, torch.float32),      # three splits, fewer positions than the block
+    (2, 5, 1500, 16, 8, 5, torch.bfloat16),      # the linear rounded to bf16 before the add
+])
+def test_markov_kernel_equals_the_loop(R, G, V, D, rank, n, dtype):
+    g = torch.Generator().manual_seed(V)
+    U = torch.randn(R, G, V, generator=g).to(DEV)
+    h = torch.randn(R, G, D, generator=g).to(dtype).to(DEV)
+    w1, w2 = (torch.randn(V, rank, generator=g).to(dtype).to(DEV) for _ in range(2))
+    cw = torch.randn(D + rank, generator=g).to(dtype).to(DEV)
+    anchors = torch.randint(0, V, (R,), generator=g).to(DEV)
+    drafts, conf = markov_greedy_triton(U, h, anchors, w1, w2, cw, n)
+    ref_drafts, ref_conf = markov_greedy_ref(U, h, anchors, w1, w2, cw, n)
+    assert torch.equal(drafts, ref_drafts)
+    assert torch.allclose(conf, ref_conf, atol=1e-4), (conf - ref_conf).abs().max()
+    alone, none = markov_greedy_triton(U, h, anchors, w1, w2, None, n)
+    assert none is None and torch.equal(alone, ref_drafts)
+
+
+def test_markov_kernel_breaks_ties_as_argmax():
+    "The same maximum inside one tile, in two tiles of a split, and in two splits: the lowest token id wins."
+    U = torch.zeros(3, 2, 1100)
+    U[0, :, 700] = U[0, :, 1000] = 1.0                 # two splits
+    U[1, :, 130] = U[1, :, 5] = 2.0                    # two tiles of split 0
+    U[2, :, 9] = U[2, :, 8] = 3.0                      # one tile
+    z = torch.zeros(1100, 4)
+    drafts, _ = markov_greedy_triton(U.to(DEV), torch.zeros(3, 2, 4, device=DEV), torch.tensor([0, 1, 2], device=DEV),
+                                     z.to(DEV), z.to(DEV), None, 2)
+    assert drafts.tolist() == [[700, 700], [5, 5], [8, 8]]
+
+
+@pytest.mark.parametrize("R,G,H,Dh,NC,dtype", [
+    (2, 5, 4, 32, 40, torch.float32),
+    (3, 3, 20, 16, 70, torch.bfloat16),                # two head groups, a block length that is no power of two
+    (1, 5, 4, 128, 133, torch.float32),                # the embedded model's shape
+    (1, 2, 20, 512, 40, torch.bfloat16),               # V4-wide heads: smaller key tiles, more warps
+])
+def test_block_attention_equals_sink_attention(R, G, H, Dh, NC, dtype):
+    g = torch.Generator().manual_seed(NC)
+    q = torch.randn(R, G, H, Dh, generator=g).to(dtype).to(DEV)
+    ring = torch.randn(R, 2, NC, Dh, generator=g).to(dtype).to(DEV)          # a stage of a two-stage ring, strided
+    kv = torch.randn(R, G, Dh, generator=g).to(dtype).to(DEV)
+    valid = torch.rand(R, NC, generator=g) < 0.6
+    valid[0] = False                                                        # no context yet: the block and the sink
+    sink = torch.randn(H, generator=g).to(DEV)
+    out = draft_block_attention(q, ring[:, 1], valid.to(DEV), kv, sink, Dh ** -0.5)
+    ref = draft_block_attention_ref(q, ring[:, 1], valid.to(DEV), kv, sink, Dh ** -0.5)
+    assert out.dtype == torch.float32 and torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+
+
+def test_kernels_cut_the_launches():
+    "What a GPU would launch: γ + 1 kernels for the loop and its confidence head, one for a stage's attention."
+    U, h, w = torch.randn(2, 5, 600), torch.randn(2, 5, 32), torch.randn(600, 8)
+    fast = aten_launches(markov_greedy_triton, U, h, torch.tensor([1, 2]), w, w, torch.randn(40), 5)
+    slow = aten_launches(markov_greedy_ref, U, h, torch.tensor([1, 2]), w, w, torch.randn(40), 5)
+    assert fast["triton:_markov_step_kernel"] == 6 and sum(fast.values()) < sum(slow.values()) // 2, (fast, slow)
+    q, ctx, kv = torch.randn(1, 5, 4, 32), torch.randn(1, 20, 32), torch.randn(1, 5, 32)
+    valid = torch.ones(1, 20, dtype=torch.bool)
+    fast = aten_launches(draft_block_attention, q, ctx, valid, kv, torch.zeros(4), 0.1)
+    assert fast == {"triton:_block_attn_kernel": 1}, fast
+
+
+def test_drafter_with_the_kernels_drafts_as_without(tiny_ckpt):
+    "The drafter's greedy proposals with both kernels (as `graphs.fast_path` sets them on a GPU) against its torch path."
+    target = dspark.load_target(tiny_ckpt, device=DEV)
+    drafter = load_drafter(tiny_ckpt, target)
+    cfg, R, g = target.cfg, 3, drafter.block_size
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(R, cfg.num_draft_stages, 9, cfg.head_dim, generator=gen).to(DEV)
+    valid = (torch.rand(R, 9, generator=gen) < 0.7).to(DEV)
+    valid[1] = False
+    anchors, P = torch.tensor([3, 50, 9], device=DEV), torch.tensor([7, 0, 200], device=DEV)
+    ref_h = drafter.block_hidden(anchors, P, rows, valid)
+    ref = drafter.propose_greedy(anchors, P, rows, valid, g)
+    drafter.attn_kernel, drafter.markov_kernel = draft_block_attention, markov_greedy_triton
+    with torch.no_grad(): h = drafter.block_hidden(anchors, P, rows, valid)
+    fast = drafter.propose_greedy(anchors, P, rows, valid, g)
+    assert torch.allclose(h, ref_h, atol=1e-4, rtol=1e-4), (h - ref_h).abs().max()
+    assert torch.equal(fast[0], ref[0]) and torch.allclose(fast[1], ref[1], atol=1e-4)
+    short = drafter.propose_greedy(anchors, P, rows, valid, 2)                # fewer drafts than the block
+    assert torch.equal(short[0], ref[0][:, :2])
+
+
+def test_check_passes_and_catches_a_wrong_kernel(tiny_ckpt, monkeypatch):
+    """`draft_kernels_check` (what `graphs.fast_path` asks before switching the kernels on) passes them, and fails a
+    Markov kernel whose drafts are one token off, an attention that is off by a scale, and one that raises."""
+    import dspark.kernels_draft as kd
+    drafter = load_drafter(tiny_ckpt, dspark.load_target(tiny_ckpt, device=DEV))
+    assert kd.draft_kernels_check(drafter) is None
+    good_markov, good_attn = kd.markov_greedy_triton, kd.draft_block_attention
+    monkeypatch.setattr(kd, "markov_greedy_triton", lambda *a: (lambda d, c: ((d + 1) % 512, c))(*good_markov(*a)))
+    assert "Markov draft 0" in kd.draft_kernels_check(drafter)
+    monkeypatch.setattr(kd, "markov_greedy_triton", good_markov)
+    monkeypatch.setattr(kd, "draft_block_attention", lambda *a: good_attn(*a) * 1.01)
+    assert "block attention differs" in kd.draft_kernels_check(drafter)
+    def broken(*a): raise RuntimeError("PTX assembly failed")
+    monkeypatch.setattr(kd, "draft_block_attention", broken)
+    assert kd.draft_kernels_check(drafter) == "RuntimeError: PTX assembly failed"
