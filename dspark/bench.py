@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/bench.html.md"""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -64,14 +65,19 @@ def prefill_flops(cfg: ModelConfig, L: int) -> float:
     return dense + attn
 
 # %% ../nbs/24_bench.ipynb #e89c2e28
-def _timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, device: str):
-    "One batch of requests to the end: wall seconds, per-step (seconds, prefilling) when `per_step`, and the outputs."
+def _timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, device: str, concurrency: int | None = None):
+    """Requests to the end: wall seconds, per-step (seconds, prefilling) when `per_step`, and the outputs. Without
+    `concurrency` every request is sent at once (a closed batch); with it, a client keeps that many in flight and
+    sends the next prompt in the step a request finishes — the steady load a server sees."""
     _sync(device); t0 = time.perf_counter()
-    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, sps)]
+    todo, ids = iter(zip(prompts, sps)), []
+    send = lambda n: ids.extend(llm.add_request(p, sp) for p, sp in itertools.islice(todo, n))
+    send(concurrency or len(prompts))
     steps = []
     while llm.has_unfinished_requests():
         s0 = time.perf_counter()
-        llm.step()
+        done = sum(d.finished for d in llm.step())
+        if done: send(done)
         if per_step:               # a sync after every step serialises host and device: only for the step time
             _sync(device)
             prefilling = any(r.num_computed < len(r.prompt_ids) for r in llm.scheduler.running) or bool(llm.scheduler.waiting)
@@ -81,13 +87,15 @@ def _timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, devic
 
 def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, max_tokens: int, device: str,
                dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False,
-               temperature: float = 0.0, repeats: int = 3, overlap: bool = True) -> dict:
-    """Throughput, decode step time and acceptance of `len(prompts)` concurrent requests: greedy, or sampled at
-    `temperature` (request `i` seeded with `i`, so a run is reproducible). Throughput is the median of `repeats`
-    runs of the batch, timed end to end; the step time comes from one more run that syncs after every step."""
+               temperature: float = 0.0, repeats: int = 3, overlap: bool = True, concurrency: int | None = None) -> dict:
+    """Throughput, decode step time and acceptance of `len(prompts)` requests: greedy, or sampled at `temperature`
+    (request `i` seeded with `i`, so a run is reproducible). All at once, or with `concurrency`, at most that many in
+    flight (`_timed_batch`). Throughput is the median of `repeats` runs, timed end to end; the step time comes
+    from one more run that syncs after every step."""
+    C = concurrency or len(prompts)
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
               enforce_eager=eager, overlap_decode=overlap,
-              max_num_seqs=len(prompts), max_num_batched_tokens=max(8192, 2 * len(prompts) * 8),   # prefill_run's chunk
+              max_num_seqs=C, max_num_batched_tokens=max(8192, 2 * C * 8),   # prefill_run's chunk
               max_model_len=max(len(p) for p in prompts) + max_tokens + (k or 0) + 8,   # what the run needs: the
               # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
               # would make every step score 256K columns)
@@ -104,9 +112,9 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     walls = []
     with frozen_heap():                         # as the server does: no collector pass over the engine mid-run
         for _ in range(max(1, repeats)):
-            wall, _, outs = _timed_batch(llm, prompts, sps, False, device)
+            wall, _, outs = _timed_batch(llm, prompts, sps, False, device, concurrency)
             walls.append(wall)
-        _, steps, _ = _timed_batch(llm, prompts, sps, True, device)
+        _, steps, _ = _timed_batch(llm, prompts, sps, True, device, concurrency)
     after = llm.spec_stats()
     drafts = after["num_drafts"] - before["num_drafts"]
     acc = after["num_accepted_tokens"] - before["num_accepted_tokens"]
@@ -116,13 +124,13 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     ahead, rounds_ahead = llm.runner.ahead, llm.runner.round_ahead   # chapter 31: steps and rounds launched early
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
-    return {"mode": mode or "none", "k": k, "concurrency": len(prompts), "dtype": dtype, "backend": backend,
+    return {"mode": mode or "none", "k": k, "concurrency": C, "requests": len(prompts), "dtype": dtype, "backend": backend,
             "temperature": temperature,
             "cuda_graphs": not eager and str(device).startswith("cuda"), "overlap_decode": ahead is not None or rounds_ahead is not None,
             "steps_ahead_used": ahead.used if ahead else 0, "rounds_ahead_used": rounds_ahead.used if rounds_ahead else 0,
             "tokens": n_tok, "wall_s": round(wall, 3), "tok_s": round(n_tok / wall, 1),
             "tok_s_runs": [round(n_tok / w, 1) for w in walls],
-            "per_user_tok_s": round(n_tok / wall / len(prompts), 2), "steps": len(steps),
+            "per_user_tok_s": round(n_tok / wall / C, 2), "steps": len(steps),
             "decode_step_ms": round(1e3 * dec[len(dec) // 2], 3),
             "mean_acceptance_length": round(1 + acc / drafts, 3) if drafts else None,
             "token_ids": [o.outputs[0].token_ids for o in outs]}
@@ -188,8 +196,9 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
               prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False,
-              temperature: float = 0.0, progress=None, partial=None, overlap: bool = True) -> dict:
-    """The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids.
+              temperature: float = 0.0, progress=None, partial=None, overlap: bool = True, waves: int = 1) -> dict:
+    """The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids. Each
+    concurrency `C` serves `waves × C` requests with at most `C` in flight (`waves = 1`: one closed batch).
     `progress(line)`, if given, hears about each run as it finishes; `partial(record)` gets the record so far after
     each run (`main` writes it to `--out`, so a sweep that is stopped keeps what it measured)."""
     def say(line: str) -> None:
@@ -198,17 +207,21 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
     cfg = load_config(Path(path) / "config.json")
     k = {"mtp": 1, "dspark": cfg.dspark_block_size} | (k or {})
     g = torch.Generator().manual_seed(0)
-    pool = prompts or torch.randint(2, cfg.vocab_size, (max(concurrencies), prompt_len), generator=g).tolist()
-    pool = [pool[i % len(pool)] for i in range(max(concurrencies))]
+    if waves < 1: raise ValueError(f"waves must be >= 1, got {waves}")
+    need = max(concurrencies) * waves
+    pool = prompts or torch.randint(2, cfg.vocab_size, (need, prompt_len), generator=g).tolist()
+    pool = [pool[i % len(pool)] for i in range(need)]
     rec = {"machine": machine(), "model": str(path), "config": {"hidden_size": cfg.hidden_size,
            "layers": cfg.num_hidden_layers, "params": count_params(cfg)}, "device": device, "dtype": dtype,
-           "max_tokens": max_tokens, "prompt_len": len(pool[0]), "temperature": temperature, "decode": [], "baseline": [],
+           "max_tokens": max_tokens, "prompt_len": len(pool[0]), "temperature": temperature, "waves": waves,
+           "decode": [], "baseline": [],
            "prefill": []}
     for c in concurrencies:
         for m in modes:
             where = mtp_path if (m == "mtp" and mtp_path) else path
-            rec["decode"].append(decode_run(where, pool[:c], None if m == "none" else m, k.get(m), max_tokens,
-                                            device, dtype, backend, kv_bytes, eager, temperature, overlap=overlap))
+            rec["decode"].append(decode_run(where, pool[:c * waves], None if m == "none" else m, k.get(m), max_tokens,
+                                            device, dtype, backend, kv_bytes, eager, temperature, overlap=overlap,
+                                            concurrency=c))
             r = rec["decode"][-1]
             say(f"decode {m} C{c}: {r['tok_s']} tok/s (runs {r['tok_s_runs']}), step {r['decode_step_ms']} ms, "
                 f"acceptance {r['mean_acceptance_length']}")
@@ -220,7 +233,8 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
         if dtype != "float32":        # and both in the serving dtype, where transformers can run it
             try:
                 hf = hf_decode_run(path, pool[:c], max_tokens, device, dtype)
-                mine = next((r for r in rec["decode"] if r["mode"] == "none" and r["concurrency"] == c and not temperature), None)
+                mine = next((r for r in rec["decode"] if r["mode"] == "none" and r["concurrency"] == c and not temperature
+                             and waves == 1), None)                   # the baseline is one closed batch
                 mine = mine or decode_run(path, pool[:c], None, None, max_tokens, device, dtype, backend, kv_bytes, eager,
                                           overlap=overlap)
                 same = sum(a == b for a, b in zip(hf["token_ids"], mine["token_ids"])) if "token_ids" in mine else None
@@ -249,6 +263,7 @@ def format_table(rec: dict) -> str:
     conc = sorted({r["concurrency"] for r in rec["decode"]})
     get = {(r["mode"], r["concurrency"]): r for r in rec["decode"]}
     how = "greedy" if not rec.get("temperature") else f"sampled at T={rec['temperature']}"
+    if rec.get("waves", 1) > 1: how += f", {rec['waves']} waves of C requests with at most C in flight"
     lines = [f"decode tok/s ({rec['dtype']}, {how}, {rec['max_tokens']} tokens after a {rec['prompt_len']}-token prompt; "
              "acceptance length in brackets; step ms = median decode step)",
              "  C | " + " | ".join(f"{m:>22}" for m in modes)]
@@ -304,11 +319,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
                    help="greedy decode steps strictly one after the other (chapter 31's overlap off, for comparison)")
     p.add_argument("--temperature", type=float, default=0.0, help="decode sweep: 0 = greedy, else sampled (seeded)")
+    p.add_argument("--waves", type=int, default=1,
+                   help="decode sweep: serve N x C requests at concurrency C, the next sent as soon as one finishes "
+                        "(a steady load, as a server sees); 1 = one closed batch of C")
     p.add_argument("--out", default=None, help="write the JSON record here")
     a = p.parse_args(argv)
     if any(c < 1 for c in a.concurrency): p.error("--concurrency values must be >= 1")
     if a.max_tokens < 1: p.error("--max-tokens must be >= 1")
     if a.temperature < 0: p.error("--temperature must be >= 0")
+    if a.waves < 1: p.error("--waves must be >= 1")
     a.dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     return a
 
@@ -325,10 +344,11 @@ def main(argv=None) -> dict:
         path = DEFAULT_MODEL if a.model == "dspark" else Path(a.model)
         if not (path / "config.json").is_file(): raise SystemExit(f"error: --model {path}: no config.json there")
         if (path / "mtp" / "config.json").is_file(): mtp_path = path / "mtp"
-        if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency), a.prompt_len)
+        if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency) * a.waves, a.prompt_len)
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
                     prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature, overlap=a.overlap_decode,
+                    waves=a.waves,
                     progress=lambda line: print(line, file=sys.stderr, flush=True),
                     partial=(lambda r: Path(a.out).write_text(json.dumps(r | {"partial": True}, indent=1))) if a.out else None)
     print(format_table(rec))

@@ -451,10 +451,11 @@ def sweep_prompts(model: str | Path, n: int, length: int = 128) -> list[list[int
 def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str = "cuda", dtype: str | None = None,
                    num_speculative_tokens: int = 5, max_tokens: int = 128, prompt_len: int = 128, temperature: float = 0.0,
                    capacity="auto", modes=("none", "fixed", "capacity"), kv_cache_memory_bytes: int | None = None,
-                   seed: int = 0, repeats: int = 3) -> list[dict]:
+                   seed: int = 0, repeats: int = 3, waves: int = 1) -> list[dict]:
     """Throughput and acceptance of no speculation, fixed-K DSpark and capacity-controlled DSpark at each
     concurrency, on identical held-out prompts. One dict per (mode, concurrency): the run with the median
-    throughput of `repeats`.
+    throughput of `repeats`. A run at concurrency `c` is one closed batch of `c` requests, or with `waves > 1`
+    a steady load: `waves × c` requests with at most `c` in flight (the bench chapter's client).
 
     Fixed K and capacity control run on **one** DSpark engine, with the controller detached for fixed K (then
     the runner takes exactly the fixed-K path), and the modes take turns within each repeat. Separately built
@@ -466,8 +467,9 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
         if mode not in ("none", "fixed", "capacity"): raise ValueError(f"unknown sweep mode {mode!r}")
     cuda = str(device).startswith("cuda")
     dtype = dtype or ("bfloat16" if cuda else "float32")
+    if waves < 1: raise ValueError(f"waves must be >= 1, got {waves}")
     top = max(concurrencies)
-    prompts = sweep_prompts(model, top, prompt_len)
+    prompts = sweep_prompts(model, top * waves, prompt_len)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     build = lambda spec: LLM(
         model, speculative=spec, num_speculative_tokens=num_speculative_tokens if spec else None,
@@ -487,7 +489,7 @@ def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str 
         for rep in range(repeats):
             for m in (modes if rep % 2 == 0 else modes[::-1]):     # alternate the order: no mode always runs second
                 with _capacity_attached(engines[m], m == "capacity"), frozen_heap():
-                    runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync))
+                    runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync, waves))
         for m in modes:
             rs = sorted(runs[m], key=lambda r: r["tok_s"])
             rows.append(dict(rs[len(rs) // 2], repeats=repeats, tok_s_all=[round(r["tok_s"], 1) for r in rs],
@@ -507,19 +509,23 @@ def _capacity_attached(llm, on: bool):
     finally:
         if cap is not None: r.capacity, r.proposer.confidence = cap, conf
 
-def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: int, seed: int, sync) -> dict:
-    "One timed generate of `c` requests, with the engine's counters differenced around it."
+def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: int, seed: int, sync,
+               waves: int = 1) -> dict:
+    "One timed run of `c` requests (or `waves × c`, at most `c` in flight), with the engine's counters differenced around it."
+    from dspark.bench import _timed_batch
     from dspark.sampling import SamplingParams
     before, cap0 = llm.spec_stats(), _cap_counts(llm)
-    sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i) for i in range(c)]
+    n = c * waves
+    sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i) for i in range(n)]
     sync(); t0 = time.perf_counter()
-    outs = llm.generate(prompts[:c], sps, use_tqdm=False)
+    if waves == 1: outs = llm.generate(prompts[:c], sps, use_tqdm=False)
+    else: outs = _timed_batch(llm, prompts[:n], sps, False, "cpu", concurrency=c)[2]   # its own syncs: none on the CPU
     sync(); dt = time.perf_counter() - t0
     after, cap1 = llm.spec_stats(), _cap_counts(llm)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-    return dict(mode=mode, concurrency=c, tokens=tokens, wall_s=round(dt, 4), tok_s=tokens / dt,
+    return dict(mode=mode, concurrency=c, requests=n, tokens=tokens, wall_s=round(dt, 4), tok_s=tokens / dt,
                 per_user_tok_s=tokens / dt / c, drafts=drafts,
                 draft_tokens=after["num_draft_tokens"] - before["num_draft_tokens"],
                 mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,

@@ -259,6 +259,16 @@ def test_capacity_sweep_runs_on_cpu(ck7):
     assert by["capacity", 1]["active_steps"] == 0 and by["capacity", 2]["active_steps"] > 0   # knee at 2 requests
 
 
+def test_capacity_sweep_steady_load(ck7):
+    "`waves`: 3 × c requests at most c in flight; capacity control still activates once 2 are in flight."
+    rows = capacity_sweep(ck7, concurrencies=(2,), device="cpu", num_speculative_tokens=3, max_tokens=4, prompt_len=16,
+                          capacity=CapacityConfig(sps=STEEP, activation=2), modes=("fixed", "capacity"), repeats=1,
+                          waves=3)
+    assert [(r["mode"], r["requests"], r["tokens"]) for r in rows] == [("fixed", 6, 24), ("capacity", 6, 24)]
+    assert rows[1]["active_steps"] > 0
+    with pytest.raises(ValueError, match="waves"): capacity_sweep(ck7, device="cpu", waves=0)
+
+
 def test_measured_host_time_gates_activation():
     "With the automatic knee, a load where host time swamps verification stays bypassed (exactly fixed K)."
     from types import SimpleNamespace

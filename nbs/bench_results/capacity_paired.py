@@ -1,7 +1,8 @@
 """Capacity control against fixed K and no speculation on the trained default model (bf16, CUDA graphs, H200): the
 chapter-21 sweep with 7 repeats of 256 tokens per request, modes alternating within each repeat, and the per-repeat
 paired ratio capacity ÷ fixed (runs made back to back share the machine's state).
-OUT=. [CONC="1 64"] [REPEATS=9] [TOKENS=256] [NAME=capacity_paired] python capacity_paired.py"""
+WAVES=N runs a steady load instead of closed batches: N x C requests, at most C in flight.
+OUT=. [CONC="1 64"] [REPEATS=9] [TOKENS=256] [WAVES=1] [NAME=capacity_paired] python capacity_paired.py"""
 import json, os, statistics, time, torch
 from dspark.checkpoint import DEFAULT_MODEL
 from dspark.capacity_control import capacity_sweep
@@ -9,7 +10,7 @@ OUT = os.environ["OUT"]
 t0 = time.time()
 CONC = tuple(int(c) for c in os.environ.get("CONC", "1 4 16 64").split())
 rows = capacity_sweep(DEFAULT_MODEL, concurrencies=CONC, max_tokens=int(os.environ.get("TOKENS", 256)),
-                      repeats=int(os.environ.get("REPEATS", 7)))
+                      repeats=int(os.environ.get("REPEATS", 7)), waves=int(os.environ.get("WAVES", 1)))
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows, "paired": {}}
 by = {(r["mode"], r["concurrency"]): r for r in rows}
 for c in CONC:
