@@ -235,6 +235,10 @@ class ModelRunner:
         for r in reqs: r.drafts = drafts[r.request_id]
         if self.capacity: self.capacity.apply(reqs, self)
 
+    def launched_ahead(self) -> bool:
+        "Whether a decode step or DSpark round was launched ahead of the engine's scheduling (chapter 31)."
+        return any(a is not None and a.pending is not None for a in (self.ahead, self.round_ahead))
+
     def settle(self) -> None:
         """Take the drafts of the last fused round. The engine calls it before scheduling the next step: until then
         the GPU drafts while the host verifies, detokenises and answers (chapter 28). Requests that finished
@@ -394,6 +398,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_dir(model)
         cfg, self.seed, self._count = self.model.cfg, seed, 0
         self._tracks: dict[str, _Track] = {}
+        self._held = False                                     # the last step held arrivals back (see `step`)
         self.model_path, self.speculative = Path(model), speculative
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
         drafter = self._load_drafter(model, speculative)
@@ -448,6 +453,8 @@ class LLM:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len,
                                                    K + 1 if ahead else 0),
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
+        for a in (self.runner.ahead, self.runner.round_ahead):   # chapter 31: nothing launched ahead that an
+            if a is not None: a.admits = self.scheduler.would_admit   # arrival would make the engine drop
         self.profile = profile_line(cfg, cc, self.max_model_len)
         if self.memory is not None:
             if self.graphs is not None: self.memory.graphs = self.graphs.graph_bytes   # target and draft graphs
@@ -542,7 +549,10 @@ class LLM:
     def step(self) -> list[RequestDelta]:
         "One engine step: schedule, run, verify, apply. Returns what each request gained (its stream unit)."
         self.runner.settle()                                   # the last fused round's drafts, before scheduling
-        batch = self.scheduler.schedule()
+        # chapter 31: a step launched ahead is dropped if an arrival joins the batch it computed, so an arrival
+        # waits one step behind it (the runner launches nothing further while someone waits), and never two
+        hold = self.runner.launched_ahead() and bool(self.scheduler.waiting) and not self._held
+        batch, self._held = self.scheduler.schedule(admit=False) if hold else self.scheduler.schedule(), hold
         if not batch: return []
         outcome, logprobs = self.runner.execute(batch)
         by_id = {r.request_id: r for r, _ in batch}

@@ -68,6 +68,7 @@ class DecodeAhead:
         self.pending: Launched | None = None
         self.matched: list[int] | None = None   # `takes`'s match of the pending step, for `step`
         self.used = self.dropped = 0     # lookahead steps the engine took, and ones it scheduled differently
+        self.admits = None               # `Scheduler.would_admit`: an arrival is coming, so launch nothing ahead
 
     def takes(self, batch: list) -> bool:
         """Whether a step is one this path runs: every request greedy without logprobs, decoding exactly its last
@@ -101,6 +102,7 @@ class DecodeAhead:
         nxt = [(j, r) for j, (r, _) in zip(idx, batch) if not self._finishing(r)]
         if nxt and not all(self._fits(r, cur.starts[j] + 1) for j, r in nxt): nxt = []   # launched, it would be dropped
         if nxt and self.gate is not None and not self.gate(): nxt = []   # the next step drafts
+        if nxt and self.admits is not None and self.admits(len(nxt)): nxt = []   # an arrival joins the next step
         if nxt:                                   # the next step, fed this one's argmax on the device
             js = [j for j, _ in nxt]
             ids = cur.top[:len(js)] if js == list(range(len(js))) else cur.top[self._on_device(js)]
@@ -164,6 +166,7 @@ class RoundAhead:
         self.pending: tuple | None = None          # (Launched, its launch handle, the Round it was fed by, and per
                                                    # request (batch index there, anchor, drafts kept))
         self.used = self.dropped = 0
+        self.admits = None                         # `Scheduler.would_admit`, as `DecodeAhead.admits`
 
     def drop(self) -> None:
         "Forget a round the engine did not schedule (its writes, by position, are redone before anything reads them)."
@@ -203,6 +206,7 @@ class RoundAhead:
             rows.append(r); starts.append(P); lens.append(1 + c); spec.append((i, toks[-1], c))
         if (not rows or self.rounds.bucket(len(rows)) is None or (gate is not None and not gate(len(rows)))
                 or all(m == 1 for m in lens)): return     # no drafts anywhere: a plain decode step, not a round
+        if self.admits is not None and self.admits(len(rows)): return   # an arrival joins the next step
         seqs = [SeqView(r.window_table, r.table, r.slot, P, r.pooled_upto) for r, P in zip(rows, starts)]
         if g.graphs_for_lens(lens, seqs) is not g.graphs: return
         rd._fetch = _pick(self.rounds.snapshot(rd.handle), rd.rows)   # before the next replay rewrites the outputs

@@ -208,7 +208,8 @@ class Scheduler:
         req.num_preemptions += 1; self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def schedule(self) -> list[tuple[Request, int]]:
+    def schedule(self, admit: bool = True) -> list[tuple[Request, int]]:
+        "The next step: running requests first (preempting from the back for blocks), then arrivals if `admit`."
         budget, out, gone = self.sc.max_num_batched_tokens, [], set()   # gone: preempted by this call (a set: a
         for req in list(self.running):                                 # list membership test was O(R) a request)
             if req in gone or budget == 0: continue
@@ -219,7 +220,7 @@ class Scheduler:
                 if victim is req: break
             else:
                 out.append((req, n)); budget -= n
-        while self.waiting and budget and len(self.running) < self.sc.max_num_seqs:
+        while admit and self.waiting and budget and len(self.running) < self.sc.max_num_seqs:
             req = self.waiting[0]
             if not self.kv.admit(req): break
             n = min(req.num_tokens - req.num_computed, budget)
@@ -231,6 +232,17 @@ class Scheduler:
             self.waiting.popleft(); self.running.append(req)
             out.append((req, n)); budget -= n
         return out
+
+    def would_admit(self, continuing: int) -> bool:
+        """Whether the next `schedule` will likely admit the first waiting request while `continuing` requests keep
+        running: a seat under `max_num_seqs`, and free blocks for its first chunk as if nothing of it were cached.
+        Chapter 31 launches no step ahead then: the arrival would change the batch, and the step would be dropped
+        after running. Blocks that requests finishing now will free are not counted (a wrong "no" costs one dropped
+        step, as before; a wrong "yes" costs one step without overlap)."""
+        if not self.waiting or continuing >= self.sc.max_num_seqs: return False
+        req = self.waiting[0]
+        need = math.ceil(min(req.num_tokens - req.num_computed, self.sc.max_num_batched_tokens) / self.kv.cc.block_size)
+        return need <= self.kv.comp.num_free and need <= self.kv.window.num_free
 
     def _allocate(self, req: Request, n: int) -> bool:
         """A running request's blocks for its step, and for `lookahead` more positions when the pool has them (never

@@ -171,8 +171,8 @@ class TPLLM(LLM):
         self._startup_agreed(err)
         canon = self.runner.canon                                 # set before the runner's first decision
         local = self.scheduler.schedule
-        def schedule():                                           # the plan is derived on every rank: check it
-            batch = local()
+        def schedule(admit: bool = True):                         # the plan is derived on every rank: check it
+            batch = local(admit)
             canon.step += 1
             canon.agree([(r.request_id, n) for r, n in batch], "step plan")
             return batch

@@ -17,6 +17,7 @@ def engine(ckpt, overlap: bool, **kw):
     g = emulate_graphs(llm, 4)
     if overlap:                                    # what LLM sets up on CUDA: the stand-in graphs came later
         llm.runner.ahead = DecodeAhead(g, llm.max_model_len)
+        llm.runner.ahead.admits = llm.scheduler.would_admit
         llm.scheduler.sc.lookahead = kw.get("lookahead", 1)
     return llm
 
@@ -55,7 +56,7 @@ def test_overlap_gives_the_synchronous_tokens_and_text(tiny_ckpt, monkeypatch):
     assert over == sync and len(over) == 4
     assert over["1"][0][-1] == stop and len(over["1"][0]) < 23 and over["1"][1] == "stop"
     ahead = llm.runner.ahead
-    assert ahead.used > 20 and ahead.dropped == 1                # only the arrival drops a step computed ahead
+    assert ahead.used > 20 and ahead.dropped == 0                # the arrival waited one step instead of dropping one
     assert all(o[2] for o in over.values())                     # streamed text (per step) is there, and equal
 
 
@@ -106,7 +107,8 @@ def test_engine_switch(tiny_ckpt):
 def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     """The trained default model with fused rounds (emulated as in test_fused_round): launching each round before
     the host's bookkeeping of the last one changes no token, draft or acceptance count. Rooms shrink at the end
-    (max_tokens), one request stops on a token mid-run, and a request arriving mid-run drops a round."""
+    (max_tokens), one request stops on a token mid-run, and a request arriving mid-run waits one round (the round
+    launched ahead is taken, nothing more is launched while it waits) instead of dropping one."""
     from dspark.capacity_control import sweep_prompts
     from dspark.checkpoint import DEFAULT_MODEL
     from dspark.overlap import RoundAhead
@@ -117,10 +119,12 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
                          kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, capacity=capacity)
         rounds = emulate_rounds(llm)
-        if ahead: llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
+        if ahead:
+            llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
+            llm.runner.round_ahead.admits = llm.scheduler.would_admit
         seen, schedule = [], llm.scheduler.schedule
-        def spy():
-            batch = schedule(); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        def spy(**kw):
+            batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
         llm.scheduler.schedule = spy
         ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:3], params)]
         for step in range(200):
@@ -136,8 +140,11 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     outs, stats, seen, ahead = go(True, params, late=4)
     assert outs == sync[0] and outs[2][1] == "stop" and outs[2][0][-1] == stop
     assert stats == sync[1] and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
-    assert seen == sync[2]
-    assert ahead.used >= 4 and ahead.dropped >= 1
+    assert ahead.used >= 4 and ahead.dropped == 0
+    late = [i for i, b in enumerate(seen) if "3" in b][0]       # the arrival's first step: one later than without
+    assert late == [i for i, b in enumerate(sync[2]) if "3" in b][0] + 1
+    assert seen[:late - 1] == sync[2][:late - 1]                # before it, the same steps, and at its step
+    assert seen[late - 1] == {k: v for k, v in sync[2][late - 1].items() if k != "3"}   # the same rounds without it
     # capacity control, active from 3 requests (the threshold policy: its cuts depend on the confidences alone) and
     # bypassed below: rounds are launched ahead only while it is bypassed, and the tokens, acceptance and what was
     # scheduled are the synchronous capacity engine's
@@ -198,8 +205,8 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
             llm.runner.ahead = DecodeAhead(rounds.g, llm.max_model_len, gate=llm.runner._plain)
             llm.scheduler.sc.lookahead = 3 + 1
         seen, schedule = [], llm.scheduler.schedule
-        def spy():
-            batch = schedule(); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        def spy(**kw):
+            batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
         llm.scheduler.schedule = spy
         prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 2, 40), (40, 23))]
         sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 30)]
@@ -240,3 +247,31 @@ def test_capacity_records_only_steps_that_keep_their_mode():
     cap._switch(reqs([]), runner)                            # a plain step, proposing none: recorded
     cap._switch(reqs([3]), runner)                           # a plain step that proposed drafts: not recorded
     assert got == [(4, False, 10), (4, True, 4)]
+
+
+def test_steady_load_drops_no_step(tiny_ckpt, monkeypatch):
+    """A client keeping 3 of 7 requests in flight (the bench's `--waves`): every finish brings an arrival, which waits
+    one step behind the step launched ahead instead of dropping it. The tokens are the synchronous engine's."""
+    from dspark.bench import _timed_batch
+    use_references(monkeypatch)
+    prompts = [list(range(5 + i, 17 + i)) for i in range(7)]
+    params = greedy(*(9 + 4 * i for i in range(7)))
+    sync = _timed_batch(engine(tiny_ckpt, False), prompts, params, False, "cpu", concurrency=3)[2]
+    llm = engine(tiny_ckpt, True)
+    over = _timed_batch(llm, prompts, params, False, "cpu", concurrency=3)[2]
+    assert [o.outputs[0].token_ids for o in over] == [o.outputs[0].token_ids for o in sync]
+    assert llm.runner.ahead.dropped == 0 and llm.runner.ahead.used > 40
+
+
+def test_would_admit(tiny_ckpt):
+    "The scheduler's forecast that the runner consults before launching a step ahead: a seat and blocks for the arrival."
+    llm = dspark.LLM(tiny_ckpt, max_num_seqs=2, max_model_len=256, block_size=16, num_kv_blocks=6,
+                     kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+    s = llm.scheduler
+    assert not s.would_admit(0)                                  # nobody waiting
+    llm.add_request(list(range(5, 40)), greedy(4)[0])            # 35 tokens: 3 blocks
+    assert s.would_admit(0) and s.would_admit(1) and not s.would_admit(2)   # no seat at 2 running
+    llm.add_request(list(range(5, 40)), greedy(4)[0])
+    llm.step()                                                   # both admitted: 6 of 6 blocks held
+    llm.add_request(list(range(5, 40)), greedy(4)[0])
+    assert not s.would_admit(0)                                  # a seat but no blocks
