@@ -8,6 +8,7 @@ import dspark.graphs as G
 from dspark.bench import _default_model_prompts, decode_run, machine
 from dspark.capacity_control import sweep_prompts
 from dspark.checkpoint import DEFAULT_MODEL
+from dspark.kernels_draft import draft_kernels_check
 from dspark.sampling import SamplingParams
 from round_profile_lib import ev_time, kernels
 
@@ -28,7 +29,10 @@ for on in (False, True):
                      max_model_len=512, kv_cache_memory_bytes=2**30, enable_prefix_caching=False)
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
     d = llm.runner.proposer.drafter
-    assert (d.markov_kernel is not None) == on, "the switch did not take"
+    if on:                                  # graphs.fast_path switched them on only if this found nothing wrong
+        res["check"] = draft_kernels_check(d)
+        print("draft_kernels_check:", res["check"] or "passed", flush=True)
+    assert (d.markov_kernel is not None) == (on and res["check"] is None), "the switch did not take"
     rounds = llm.graphs.rounds.graphs
     targets = {"draft_1": llm.runner.proposer.graphs.graphs[1][0].replay, "round_1": rounds[1][0].replay,
                "round_16": rounds[16][0].replay}
@@ -48,7 +52,7 @@ for i, (c, n) in enumerate([(1, 128), (4, 128), (16, 128), (64, 128), (1, 256)])
     for name, mode, on in variants[i % 3:] + variants[:i % 3]:
         if n == 256 and name == "dspark_torch_draft": continue
         use_kernels(on)
-        r = decode_run(DEFAULT_MODEL, prompts[:c], mode, 5 if mode else None, n, "cuda", "bfloat16", repeats=5)
+        r = decode_run(DEFAULT_MODEL, prompts[:c], mode, 5 if mode else None, n, "cuda", "bfloat16", repeats=3)
         rows[name] = r
         print(f"C{c} {n} tokens {name}: {r['tok_s']} tok/s runs {r['tok_s_runs']} acceptance {r['mean_acceptance_length']} "
               f"step {r['decode_step_ms']} ms", flush=True)
