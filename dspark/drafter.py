@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import sink_attention
@@ -20,8 +21,8 @@ from .quant import FP8_MAX
 from .sampling import STREAMS, RowParams, SamplingParams, draw_keyed, row_probs
 
 # %% auto #0
-__all__ = ['DRAFT_KEY_ALIASES', 'MarkovHead', 'ConfidenceHead', 'DSparkStage', 'markov_prev', 'survival', 'DSparkDrafter',
-           'RowwiseFP8Head', 'load_drafter']
+__all__ = ['DRAFT_KEY_ALIASES', 'MarkovHead', 'ConfidenceHead', 'DSparkStage', 'markov_prev', 'survival', 'block_attention',
+           'markov_logits', 'markov_greedy', 'DSparkDrafter', 'RowwiseFP8Head', 'load_drafter']
 
 # %% ../nbs/11_drafter.ipynb #f47e2a43
 DRAFT_KEY_ALIASES = [(r"\.markov_head\.embed\.", ".markov_head.markov_w1."), (r"\.markov_head\.head\.", ".markov_head.markov_w2.")]
@@ -63,6 +64,32 @@ def markov_prev(anchor: int, drafts: list[int]) -> list[int]:
 def survival(conf_logits: torch.Tensor) -> torch.Tensor:
     "Per-position confidence `c_k = σ(z_k)` and prefix survival `a_k = Π_{i≤k} c_i` along the last dim."
     return torch.sigmoid(conf_logits.float()).cumprod(-1)
+
+def block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """A draft stage's attention: queries `q [R, γ, H, d]` over each request's context rows `ctx [R, n, d]` (those with
+    `valid [R, n]`), every row of its own block `kv [R, γ, d]` (non-causal; K = V) and the sinks. `[R, γ, H, d]` fp32.
+    The GPU fast path swaps in a one-launch kernel (chapter 32)."""
+    R, g = q.shape[:2]
+    keys = torch.cat([ctx.to(kv.dtype), kv], 1)                                 # context rows ⊕ block rows
+    mask = torch.cat([valid[:, None, :].expand(R, g, -1), torch.ones(R, g, g, dtype=torch.bool, device=q.device)], -1)
+    return sink_attention(q, keys, mask, sink, scale)
+
+def markov_logits(U: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    "One position's corrected logits `U + W₂·W₁[prev]` (the r→V linear in its weights' dtype; U's fp32 kept exactly)."
+    return torch.add(U, F.linear(F.embedding(prev, w1), w2))
+
+def markov_greedy(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                  conf_w: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Greedy Markov drafts `[R, n]` of `R` blocks (`U [R, γ, V]` base logits, `h [R, γ, D]` hidden states, the Markov
+    head `w1`, `w2` `[V, r]`), each position the argmax given the one before, and the confidence logits
+    `conf_w·[h_k ; W₁[x_{k−1}]]` `[R, n]` fp32 (None without `conf_w`). The GPU fast path swaps in chapter 32's kernel."""
+    prev = [anchors]
+    for k in range(n): prev.append(markov_logits(U[:, k], prev[-1], w1, w2).argmax(-1))
+    drafts = torch.stack(prev[1:], 1)
+    if conf_w is None: return drafts, None
+    e = F.embedding(torch.stack(prev[:-1], 1), w1)
+    return drafts, torch.cat([h[:, :n].float(), e.float()], -1) @ conf_w.float()
 
 #| export
 class DSparkDrafter(nn.Module):
@@ -114,9 +141,7 @@ class DSparkDrafter(nn.Module):
         ids = torch.cat([anchors[:, None], torch.full((R, g - 1), cfg.dspark_noise_token_id, device=dev)], dim=1)
         x = self.target.embed(ids)[:, :, None, :].expand(R, g, cfg.hc_mult, -1).contiguous()
         pos = P[:, None] + torch.arange(g, device=dev)
-        fused = _fast_ok(self.attn_kernel)                                      # one launch a stage (chapter 32)
-        if not fused:
-            mask = torch.cat([valid[:, None, :].expand(R, g, -1), torch.ones(R, g, g, dtype=torch.bool, device=dev)], -1)
+        attend = self.attn_kernel if _fast_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
         pre, post_fn, head = self.mhc
         angles = {}                                                             # cos/sin per RoPE table, once per block
         for s, st in enumerate(self.mtp):
@@ -126,10 +151,7 @@ class DSparkDrafter(nn.Module):
             if id(inv) not in angles: angles[id(inv)] = rope_cos_sin(inv, pos)
             cos, sin = angles[id(inv)]
             q, kv = self._qkv(st.attn, y, cos, sin)
-            if fused: o = self.attn_kernel(q, rows[:, s], valid, kv, st.attn.attn_sink, cfg.head_dim ** -0.5)
-            else:
-                keys = torch.cat([rows[:, s].to(kv.dtype), kv], dim=1)          # context rows ⊕ block rows
-                o = sink_attention(q, keys, mask, st.attn.attn_sink, cfg.head_dim ** -0.5)   # non-causal in the block
+            o = attend(q, rows[:, s], valid, kv, st.attn.attn_sink, cfg.head_dim ** -0.5)
             x = post_fn(self._output(st.attn, o, cos, sin, y.dtype), x, post, comb)
             y, post, comb = pre(x, *st.site("ffn"), cfg)
             x = post_fn(st.ffn(st.ffn_norm(y)), x, post, comb)
@@ -224,14 +246,8 @@ class DSparkDrafter(nn.Module):
         they are one-hot) or the draws."""
         h = self.block_hidden(anchors, P, rows, valid)
         U, mh, n = self.base_logits(h), self.last.markov_head, min(n, self.block_size)
-        if _fast_ok(self.markov_kernel):                                        # γ + 1 launches (chapter 32)
-            return self.markov_kernel(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight,
-                                      self.last.confidence_head.proj.weight[0], n)
-        prev = [anchors]
-        for k in range(n):
-            lg = torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1])))   # the bias is promoted to fp32 exactly
-            prev.append(lg.argmax(-1))
-        return torch.stack(prev[1:], 1), self._confidence(h[:, :n], torch.stack(prev[:-1], 1))
+        loop = self.markov_kernel if _fast_ok(self.markov_kernel) else markov_greedy   # γ + 1 launches (chapter 32)
+        return loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)
 
 # %% ../nbs/11_drafter.ipynb #f5e084e2
 class RowwiseFP8Head(nn.Module):

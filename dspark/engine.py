@@ -552,7 +552,8 @@ class LLM:
         # chapter 31: a step launched ahead is dropped if an arrival joins the batch it computed, so an arrival
         # waits one step behind it (the runner launches nothing further while someone waits), and never two
         hold = self.runner.launched_ahead() and bool(self.scheduler.waiting) and not self._held
-        batch, self._held = self.scheduler.schedule(admit=False) if hold else self.scheduler.schedule(), hold
+        batch, self._held = self.scheduler.schedule(admit=False) if hold else self.scheduler.schedule(), hold   # (a
+        # plain `schedule()` otherwise: wrappers of it that predate `admit` keep working where nothing is held)
         if not batch: return []
         outcome, logprobs = self.runner.execute(batch)
         by_id = {r.request_id: r for r, _ in batch}

@@ -16,11 +16,11 @@ from .kernels_hc import _launch
 import triton
 import triton.language as tl
 
-from .attention import sink_attention
+from .drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
-__all__ = ['MARKOV_CHUNK', 'markov_greedy_triton', 'markov_logits', 'markov_greedy_ref', 'draft_block_attention',
-           'draft_block_attention_ref', 'draft_kernels_check']
+__all__ = ['MARKOV_CHUNK', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_greedy_triton', 'draft_block_attention',
+           'draft_kernels_check']
 
 # %% ../nbs/32_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -115,18 +115,7 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
                 HAS_CONF=conf_w is not None and k < n, ROUND=_ROUND[w2.dtype])
     return drafts, conf
 
-def markov_logits(U: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    "One position's corrected logits `U + W₂·W₁[prev]` as the drafter computes them (the linear in its weights' dtype)."
-    return torch.add(U, torch.nn.functional.linear(torch.nn.functional.embedding(prev, w1), w2))
-
-def markov_greedy_ref(U, h, anchors, w1, w2, conf_w, n):
-    "Reference for `markov_greedy_triton`: the drafter's greedy Markov loop and confidence head in torch."
-    prev = [anchors]
-    for k in range(n): prev.append(markov_logits(U[:, k], prev[-1], w1, w2).argmax(-1))
-    drafts, before = torch.stack(prev[1:], 1), torch.stack(prev[:-1], 1)
-    if conf_w is None: return drafts, None
-    e = torch.nn.functional.embedding(before, w1)
-    return drafts, torch.cat([h[:, :n].float(), e.float()], -1) @ conf_w.float()
+markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 11)
 
 # %% ../nbs/32_kernels_draft.ipynb #1e2f1e23
 @triton.jit
@@ -193,12 +182,7 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
             BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=BLOCK_D, num_warps=8 if wide else 4)
     return out
 
-def draft_block_attention_ref(q, ctx, valid, kv, sink, scale):
-    "Reference for `draft_block_attention`: `sink_attention` over the context rows joined with the block's own."
-    R, G = q.shape[:2]
-    keys = torch.cat([ctx.to(kv.dtype), kv], 1)
-    mask = torch.cat([valid[:, None, :].expand(R, G, -1), torch.ones(R, G, G, dtype=torch.bool, device=q.device)], -1)
-    return sink_attention(q, keys, mask, sink, scale)
+draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 11)
 
 # %% ../nbs/32_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()
