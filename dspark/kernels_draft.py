@@ -48,11 +48,11 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
     if k == 0:
         prev = tl.load(anchor_ptr + row).to(tl.int64)
     else:
-        s = tl.arange(0, BLOCK_S)
-        base = (row * n + k - 1) * SPLITS
-        v = tl.load(val_ptr + base + s, mask=s < SPLITS, other=float("-inf"))
-        i = tl.load(idx_ptr + base + s, mask=s < SPLITS, other=0)
-        prev = tl.sum(tl.where(s == tl.argmax(v, 0), i, 0), 0).to(tl.int64)   # splits in vocabulary order
+        s = tl.arange(0, BLOCK_S)        # names of their own: with k == 1 a constant, this branch is inlined and a
+        base = (row * n + k - 1) * SPLITS   # `v` here would become the vocabulary loop's carried variable
+        s_val = tl.load(val_ptr + base + s, mask=s < SPLITS, other=float("-inf"))
+        s_idx = tl.load(idx_ptr + base + s, mask=s < SPLITS, other=0)
+        prev = tl.sum(tl.where(s == tl.argmax(s_val, 0), s_idx, 0), 0).to(tl.int64)   # splits in vocabulary order
         if split == 0: tl.store(drafts_ptr + row * n + k - 1, prev)
     if k < n:
         r = tl.arange(0, BLOCK_R)

@@ -72,13 +72,14 @@ def test_block_attention_equals_sink_attention(R, G, H, Dh, NC, dtype):
 
 def test_kernels_cut_the_launches():
     "What a GPU would launch: γ + 1 kernels for the loop and its confidence head, one for a stage's attention."
-    U, h, w = torch.randn(2, 5, 600), torch.randn(2, 5, 32), torch.randn(600, 8)
-    fast = aten_launches(markov_greedy_triton, U, h, torch.tensor([1, 2]), w, w, torch.randn(40), 5)
-    slow = aten_launches(markov_greedy_ref, U, h, torch.tensor([1, 2]), w, w, torch.randn(40), 5)
+    r = lambda *shape: torch.randn(*shape, device=DEV)
+    U, h, w, cw, anchors = r(2, 5, 600), r(2, 5, 32), r(600, 8), r(40), torch.tensor([1, 2], device=DEV)
+    fast = aten_launches(markov_greedy_triton, U, h, anchors, w, w, cw, 5)
+    slow = aten_launches(markov_greedy_ref, U, h, anchors, w, w, cw, 5)
     assert fast["triton:_markov_step_kernel"] == 6 and sum(fast.values()) < sum(slow.values()) // 2, (fast, slow)
-    q, ctx, kv = torch.randn(1, 5, 4, 32), torch.randn(1, 20, 32), torch.randn(1, 5, 32)
-    valid = torch.ones(1, 20, dtype=torch.bool)
-    fast = aten_launches(draft_block_attention, q, ctx, valid, kv, torch.zeros(4), 0.1)
+    q, ctx, kv = r(1, 5, 4, 32), r(1, 20, 32), r(1, 5, 32)
+    valid = torch.ones(1, 20, dtype=torch.bool, device=DEV)
+    fast = aten_launches(draft_block_attention, q, ctx, valid, kv, torch.zeros(4, device=DEV), 0.1)
     assert fast == {"triton:_block_attn_kernel": 1}, fast
 
 
@@ -118,3 +119,27 @@ def test_check_passes_and_catches_a_wrong_kernel(tiny_ckpt, monkeypatch):
     def broken(*a): raise RuntimeError("PTX assembly failed")
     monkeypatch.setattr(kd, "draft_block_attention", broken)
     assert kd.draft_kernels_check(drafter) == "RuntimeError: PTX assembly failed"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU every test above compiles the kernels for real")
+def test_kernels_compile_for_hopper():
+    """The interpreter never compiles a kernel, so both are compiled here for sm_90 with the signatures the GPU's JIT
+    would see: the embedded model's drafter in bf16 (as `draft_kernels_check` runs it on a GPU) and a one-split
+    vocabulary in fp32 without the confidence head. Step `k == 1` is its own specialisation (the JIT turns a 1 into a
+    constant) and once failed to compile; a kernel given a non-power-of-two block must fail, so the check can."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.kernels_draft import draft_kernels_check
+    from kernel_compile import compile_all, record
+    drafter = load_drafter(DEFAULT_MODEL, dspark.load_target(DEFAULT_MODEL, device="cpu", dtype="bfloat16"))
+    sigs = []
+    with record(sigs):
+        assert draft_kernels_check(drafter) is None
+        w = torch.randn(300, 8)
+        markov_greedy_triton(torch.randn(2, 5, 300), torch.randn(2, 5, 16), torch.tensor([1, 2]), w, w, None, 5)
+    names = {s[1] for s in sigs}
+    assert names == {"_markov_step_kernel", "_block_attn_kernel"}, names
+    assert any(s[3].get("k") == 1 for s in sigs) and any(s[3].get("SPLITS") == 1 for s in sigs)
+    bad = [s[0], s[1], dict(s[2]), {**s[3], "BLOCK_V": 48}, s[4]] if (s := sigs[-1]) else None
+    failed = compile_all(sigs + [bad])
+    assert len(failed) == 1 and '"BLOCK_V": 48' in failed[0], "\n".join(failed)
