@@ -25,8 +25,9 @@ from .model import count_params
 from .sampling import SamplingParams
 
 # %% auto #0
-__all__ = ['HBM_BYTES_PER_S', 'PEAK_BF16_FLOPS', 'decode_bytes_per_step', 'prefill_flops', 'decode_run', 'prefill_run',
-           'hf_decode_run', 'machine', 'run_bench', 'format_table', 'parse_args', 'main']
+__all__ = ['HBM_BYTES_PER_S', 'PEAK_BF16_FLOPS', 'PREFILL_LENGTHS', 'decode_bytes_per_step', 'prefill_flops', 'decode_run',
+           'prefill_run', 'hf_decode_run', 'machine', 'run_bench', 'format_table', 'prefill_lengths', 'parse_args',
+           'main']
 
 # %% ../nbs/24_bench.ipynb #42ce975f
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e
@@ -303,13 +304,32 @@ def _default_model_prompts(path: Path, n: int, length: int) -> list[list[int]]:
     tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
     return heldout_prompts(tok, read_texts(root, held), n, length)
 
+PREFILL_LENGTHS = (1024, 4096, 16384, 65536)
+
+def prefill_lengths(path: Path, asked: list[int] | None) -> list[int]:
+    """The prefill sweep's prompt lengths for the checkpoint at `path`: by default those of `PREFILL_LENGTHS` its
+    context holds (the embedded model's is 2,048), the others named on stderr; a length the user asked for that does
+    not fit is an error, raised before any benchmark runs."""
+    limit = json.loads((path / "config.json").read_text())["max_position_embeddings"] - 8   # prefill_run's headroom
+    if asked is None:
+        fit = [L for L in PREFILL_LENGTHS if L <= limit]
+        if len(fit) < len(PREFILL_LENGTHS):
+            print(f"prefill: {[L for L in PREFILL_LENGTHS if L > limit]} skipped, longer than the model's "
+                  f"{limit + 8}-token context", file=sys.stderr)
+        return fit
+    if bad := [L for L in asked if not 1 <= L <= limit]:
+        raise SystemExit(f"error: --prefill {bad}: each length must be between 1 and {limit} (the model's "
+                         f"max_position_embeddings {limit + 8}, less 8 tokens of headroom)")
+    return asked
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dspark.bench", description="dspark benchmarks: decode sweep, prefill, roofline, transformers baseline")
     p.add_argument("--model", default="medium", help="a checkpoint dir, 'medium' (random weights) or 'dspark' (the trained default)")
     p.add_argument("--modes", nargs="+", default=["none", "mtp", "dspark"], choices=["none", "mtp", "dspark"])
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
     p.add_argument("--max-tokens", type=int, default=128); p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--prefill", nargs="*", type=int, default=[1024, 4096, 16384, 65536])
+    p.add_argument("--prefill", nargs="*", type=int, default=None,
+                   help=f"prompt lengths (default: those of {list(PREFILL_LENGTHS)} the model's context holds; none: skip)")
     p.add_argument("--hf-baseline", nargs="*", type=int, default=[], help="concurrencies for transformers' generate")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
@@ -345,6 +365,7 @@ def main(argv=None) -> dict:
         if not (path / "config.json").is_file(): raise SystemExit(f"error: --model {path}: no config.json there")
         if (path / "mtp" / "config.json").is_file(): mtp_path = path / "mtp"
         if a.model == "dspark": prompts = _default_model_prompts(path, max(a.concurrency) * a.waves, a.prompt_len)
+    a.prefill = prefill_lengths(path, a.prefill)        # before the sweep: a length too long fails now, not after it
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
                     prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature, overlap=a.overlap_decode,

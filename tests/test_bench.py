@@ -41,3 +41,17 @@ def test_cli_refuses_bad_values():
     for argv in (["--waves", "0"], ["--concurrency", "0"], ["--max-tokens", "0"], ["--temperature", "-1"]):
         with pytest.raises(SystemExit): parse_args(argv)
     assert parse_args(["--waves", "4", "--device", "cpu"]).waves == 4
+
+
+def test_prefill_lengths_fit_the_model_before_anything_runs(capsys):
+    """The embedded model's context is 2,048 tokens: by default the prefill sweep keeps the 1K prompt and says which
+    it skipped; a length asked for that does not fit stops the run at once, not after the decode sweep."""
+    from dspark.bench import main, prefill_lengths
+    from dspark.checkpoint import DEFAULT_MODEL
+    assert prefill_lengths(DEFAULT_MODEL, None) == [1024]
+    assert "[4096, 16384, 65536] skipped" in capsys.readouterr().err
+    assert prefill_lengths(DEFAULT_MODEL, []) == [] and prefill_lengths(DEFAULT_MODEL, [2040]) == [2040]
+    for asked in ([4096], [2041], [0]):
+        with pytest.raises(SystemExit, match="--prefill"): prefill_lengths(DEFAULT_MODEL, asked)
+    with pytest.raises(SystemExit, match=r"--prefill \[4096\]"):
+        main(["--model", "dspark", "--device", "cpu", "--prefill", "4096", "--concurrency", "1"])
