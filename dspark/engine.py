@@ -35,8 +35,8 @@ from .tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'MAX_MTP_STEPS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'greedy_verify', 'next_ids',
-           'ModelRunner', 'speculative_depth', 'frozen_heap', 'default_block_size', 'LLM']
+__all__ = ['log', 'MAX_MTP_STEPS', 'RAGGED_GRAPH_TOKENS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'greedy_verify',
+           'next_ids', 'ModelRunner', 'speculative_depth', 'frozen_heap', 'default_block_size', 'LLM']
 
 # %% ../nbs/10_engine.ipynb #0c202217
 @dataclass
@@ -368,6 +368,8 @@ def default_block_size(cfg) -> int:
     lcm = math.lcm(*[cfg.ratio(i) for i in range(cfg.num_hidden_layers) if cfg.ratio(i)] or [1])
     return lcm * math.ceil(64 / lcm)
 
+RAGGED_GRAPH_TOKENS = 2048   # steps up to this many tokens (prefill and mixed) replay captured graphs
+
 class LLM:
     """Offline batch generation, vLLM-style: `LLM(model=path).generate(prompts, SamplingParams(...))`.
     With `tensor_parallel_size=N > 1` the object is a `dspark.tp_engine.TPLLM`: this process is rank 0."""
@@ -413,8 +415,10 @@ class LLM:
         cache_dtype, fp8 = cache_format(kv_cache_dtype, self.model.embed.weight.dtype, device)
         self.memory = None                                       # a graphs.MemoryProfile when measured
         use_graphs = self._use_graphs(device, attention_backend, batch_invariant, enforce_eager)
-        # prefill steps up to 512 tokens replay graphs too: eagerly, a short prompt's step is all launch overhead
-        ragged = min(512, max_num_batched_tokens) if use_graphs else 0
+        # prefill steps up to 2,048 tokens replay graphs too: eagerly, a short prompt's step is all launch overhead,
+        # and under a steady load the steps that carry arrivals are 63 requests' verification rows plus a few prompts
+        # (the scheduler trims them to this size, `Scheduler.prefill_room`); an eager one cost 25-50 ms on the H200
+        ragged = min(RAGGED_GRAPH_TOKENS, max_num_batched_tokens) if use_graphs else 0
         if kv_cache_memory_bytes: budget = kv_cache_memory_bytes
         elif str(device).startswith("cuda") and getattr(self, "world", 1) == 1:   # profile, then size the cache
             from dspark.graphs import profile_memory
@@ -451,7 +455,7 @@ class LLM:
         back = cfg.sliding_window if drafter else 0
         ahead = self.runner.ahead is not None or self.runner.round_ahead is not None     # the next step's blocks too
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len,
-                                                   K + 1 if ahead else 0),
+                                                   K + 1 if ahead else 0, ragged),   # mixed steps stay captured
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
         for a in (self.runner.ahead, self.runner.round_ahead):   # chapter 31: nothing launched ahead that an
             if a is not None: a.admits = self.scheduler.would_admit   # arrival would make the engine drop

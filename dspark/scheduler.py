@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/scheduler.html.md"""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from collections import OrderedDict, deque
@@ -191,6 +192,7 @@ class SchedulerConfig:
     max_model_len: int = 4096
     lookahead: int = 0             # positions past a running request's step to hold blocks for when they are free
                                    # (chapter 31: a step launched ahead must find its blocks allocated)
+    mixed_step_tokens: int = 0     # the largest captured step (0: none): see `Scheduler.prefill_room`
 
 class Scheduler:
     "Waiting and running queues, a token budget per step, chunked prefill and preemption by recompute."
@@ -211,19 +213,24 @@ class Scheduler:
     def schedule(self, admit: bool = True) -> list[tuple[Request, int]]:
         "The next step: running requests first (preempting from the back for blocks), then arrivals if `admit`."
         budget, out, gone = self.sc.max_num_batched_tokens, [], set()   # gone: preempted by this call (a set: a
-        for req in list(self.running):                                 # list membership test was O(R) a request)
+        room = self.prefill_room(admit)                                # list membership test was O(R) a request)
+        for req in list(self.running):
             if req in gone or budget == 0: continue
             n = min(req.num_tokens - req.num_computed + len(req.drafts), budget)   # drafts ride along to be verified
+            if n > 1 + len(req.drafts):                                # a prompt chunk (or a recompute's)
+                if room == 0: continue
+                n = min(n, room); room -= n
             while not self._allocate(req, n):
                 victim = self.running[-1]
                 self._preempt(victim); gone.add(victim)
                 if victim is req: break
             else:
                 out.append((req, n)); budget -= n
-        while admit and self.waiting and budget and len(self.running) < self.sc.max_num_seqs:
+        while admit and self.waiting and budget and room and len(self.running) < self.sc.max_num_seqs:
             req = self.waiting[0]
             if not self.kv.admit(req): break
-            n = min(req.num_tokens - req.num_computed, budget)
+            n = min(req.num_tokens - req.num_computed, budget, room)
+            room -= n
             if not self.kv.allocate(req, n):
                 self.kv.free(req)
                 if not self.running and not out:
@@ -232,6 +239,24 @@ class Scheduler:
             self.waiting.popleft(); self.running.append(req)
             out.append((req, n)); budget -= n
         return out
+
+    def prefill_room(self, admit: bool) -> int:
+        """Prompt tokens the next step may carry. A step that mixes decoding requests with a short prompt's prefill
+        is trimmed to the largest captured step (`mixed_step_tokens`), the prompt's rest going in the next step: one
+        token past it and the whole step runs eagerly, which on a small model costs ten decode steps. Under a steady
+        load that is most steps: with DSpark every request ends in a different round, so arrivals come one or two a
+        round, on top of `max_num_seqs × (K + 1)` verification rows. A long prompt is not trimmed (a 64K prompt in
+        1,500-token chunks would take 40 steps where 8 do; its steps are eager at any size), nor is a step without
+        decoders. Several short arrivals at once are: they go in consecutive captured steps."""
+        cap, budget = self.sc.mixed_step_tokens, self.sc.max_num_batched_tokens
+        if not cap: return budget
+        decode = sum(1 + len(r.drafts) for r in self.running if r.num_tokens - r.num_computed == 1)
+        prompts = [r.num_tokens - r.num_computed for r in self.running if r.num_tokens - r.num_computed > 1]
+        if admit:
+            seats = self.sc.max_num_seqs - len(self.running)
+            prompts += [r.num_tokens - r.num_computed for r in itertools.islice(self.waiting, max(seats, 0))]
+        if not 0 < decode < cap or decode + sum(prompts) <= cap or max(prompts) > cap: return budget
+        return cap - decode
 
     def would_admit(self, continuing: int) -> bool:
         """Whether the next `schedule` will likely admit the first waiting request while `continuing` requests keep

@@ -87,6 +87,31 @@ def test_chunked_prefill_through_the_engine(tiny_ckpt, llm):
     assert _ids(tiny_budget.generate(prompts, GREEDY, use_tqdm=False)) == ref
 
 
+def test_mixed_steps_are_trimmed_to_the_captured_size(tiny_ckpt, llm):
+    """While requests decode, short prompts' prefill is cut so the step fits the largest captured step (set here
+    by hand: the CPU captures none); a long prompt and a step without decoders are not cut; outputs are unchanged."""
+    eng = LLM(tiny_ckpt, max_num_seqs=8, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+    eng.scheduler.sc.mixed_step_tokens = 16
+    s, sizes = eng.scheduler, []
+    for p in _prompts(3, seed=3, lo=30, hi=40): eng.add_request(p, GREEDY)
+    sizes.append(sum(n for _, n in s.schedule()))                # no decoders yet: the three prompts whole
+    assert sizes[0] > 16
+    for r in s.running: r.num_computed = r.num_tokens - 1        # as after their prefill: three decoders
+    eng.add_request(list(range(5, 20)), GREEDY)                  # 15 tokens: 3 + 15 > 16, so 13 now
+    assert [n for _, n in s.schedule()] == [1, 1, 1, 13]
+    assert s.prefill_room(True) == 13
+    eng.add_request(list(range(5, 45)), GREEDY)                  # a 40-token prompt is long: not cut
+    assert s.prefill_room(True) == 256
+    s.waiting.pop()
+    for _ in range(2): eng.add_request(list(range(5, 15)), GREEDY)   # short ones at once: cut, in turn
+    assert s.prefill_room(True) == 13 and s.prefill_room(False) == 13   # 15 + 20 + 3 > 16; the 15 still runs
+    prompts = _prompts(6, seed=11, lo=5, hi=30)
+    ref = _ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    eng2 = LLM(tiny_ckpt, max_num_seqs=3, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
+    eng2.scheduler.sc.mixed_step_tokens = 16
+    assert _ids(eng2.generate(prompts, GREEDY, use_tqdm=False)) == ref
+
+
 def test_stops_and_finish_reasons(llm):
     p = _prompts(1, seed=8)[0]
     free = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0].outputs[0]
