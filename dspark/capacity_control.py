@@ -230,7 +230,8 @@ class CapacityController:
         self.lagged = LaggedBudget() if config.policy == "lagged" else None
         # with the knee forced (`activation`), pruning itself is under measurement: no switch hides it
         self.switch = PlainSwitch() if config.plain_switch and config.activation is None else None
-        self._switch_mark: tuple | None = None   # (time, (rounds with drafts, accepted drafts)) at the last decision
+        self._switch_mark: tuple | None = None   # (time, (rounds with drafts, accepted drafts), request ids) at the
+                                                  # last decision
         self.staged: dict[str, torch.Tensor] = {}
         self.stats, self.steps = CapacityStats(), 0
         self.host_ms_per_request: float | None = None   # measured host time of a step, per request (EMA)
@@ -332,13 +333,15 @@ class CapacityController:
         st = getattr(runner, "stats", None)        # a runner's speculative counters (SpecStats)
         if self.switch is None or st is None: return
         now, R = time.perf_counter(), len(reqs)
-        counts = (st.num_drafts, st.num_accepted_tokens)
+        counts, ids = (st.num_drafts, st.num_accepted_tokens), {r.request_id for r in reqs}
         if self._switch_mark is not None:
-            t, (d0, a0) = self._switch_mark
+            t, (d0, a0), before = self._switch_mark
             plain = counts[0] == d0
-            if plain == (not any(r.drafts for r in reqs)):
+            # a step that admitted a request also ran its prefill: its time prices the arrival, not the mode (under a
+            # steady load those steps made drafting look slower than it is, and the switch chose plain decoding)
+            if plain == (not any(r.drafts for r in reqs)) and ids <= before:
                 self.switch.record(R, plain, R + counts[1] - a0, 1000 * (now - t))
-        self._switch_mark = (now, counts)
+        self._switch_mark = (now, counts, ids)
         plain = self.switch.decide(R) if R >= self.activation else False
         canon = getattr(runner, "canon", None)       # under TP: rank 0's decision on every rank (timings differ)
         self.switch.plain = plain if canon is None else canon({"plain": plain}, "plain switch")["plain"]

@@ -226,7 +226,8 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
 
 def test_capacity_records_only_steps_that_keep_their_mode():
     """`CapacityController._switch`: a step is fed to the switch with its committed tokens and mode, except a step
-    that changes mode (a plain step that proposed drafts, a round that proposed none), whose cost is the switch's."""
+    that changes mode (a plain step that proposed drafts, a round that proposed none), whose cost is the switch's,
+    and a step that admitted a request, whose cost is its prefill's."""
     from types import SimpleNamespace
     from dspark.capacity import SPSCurve
     from dspark.capacity_control import CapacityConfig, CapacityController
@@ -238,7 +239,7 @@ def test_capacity_records_only_steps_that_keep_their_mode():
     cap.switch.decide = lambda R: False
     st = SimpleNamespace(num_drafts=0, num_accepted_tokens=0)
     runner = SimpleNamespace(stats=st)
-    reqs = lambda drafts: [SimpleNamespace(drafts=list(drafts)) for _ in range(4)]
+    reqs = lambda drafts, first=0: [SimpleNamespace(drafts=list(drafts), request_id=f"r{i}") for i in range(first, first + 4)]
     cap._switch(reqs([1, 2]), runner)                        # the first decision only marks the time
     st.num_drafts, st.num_accepted_tokens = 4, 6             # a round: 4 requests, 6 drafts accepted
     cap._switch(reqs([1, 2]), runner)                        # ... that proposed drafts again: recorded
@@ -247,6 +248,11 @@ def test_capacity_records_only_steps_that_keep_their_mode():
     cap._switch(reqs([]), runner)                            # a plain step, proposing none: recorded
     cap._switch(reqs([3]), runner)                           # a plain step that proposed drafts: not recorded
     assert got == [(4, False, 10), (4, True, 4)]
+    st.num_drafts, st.num_accepted_tokens = 12, 12
+    cap._switch(reqs([3], first=1), runner)                  # a round in which r4 arrived (its prefill): not recorded
+    st.num_drafts, st.num_accepted_tokens = 16, 14           # that round: 4 requests, 2 drafts accepted
+    cap._switch(reqs([3], first=1)[:3], runner)              # the next: r4 finished, nobody arrived: recorded
+    assert got[2:] == [(3, False, 5)]
 
 
 def test_steady_load_drops_no_step(tiny_ckpt, monkeypatch):
