@@ -310,7 +310,7 @@ def prefill_lengths(path: Path, asked: list[int] | None) -> list[int]:
     """The prefill sweep's prompt lengths for the checkpoint at `path`: by default those of `PREFILL_LENGTHS` its
     context holds (the embedded model's is 2,048), the others named on stderr; a length the user asked for that does
     not fit is an error, raised before any benchmark runs."""
-    limit = json.loads((path / "config.json").read_text())["max_position_embeddings"] - 8   # prefill_run's headroom
+    limit = load_config(path / "config.json").max_position_embeddings - 8   # prefill_run's headroom
     if asked is None:
         fit = [L for L in PREFILL_LENGTHS if L <= limit]
         if len(fit) < len(PREFILL_LENGTHS):

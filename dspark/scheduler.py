@@ -217,27 +217,28 @@ class Scheduler:
         for req in list(self.running):
             if req in gone or budget == 0: continue
             n = min(req.num_tokens - req.num_computed + len(req.drafts), budget)   # drafts ride along to be verified
-            if n > 1 + len(req.drafts):                                # a prompt chunk (or a recompute's)
+            prompt = req.num_tokens - req.num_computed > 1             # a prompt chunk (or a recompute's)
+            if prompt:
                 if room == 0: continue
-                n = min(n, room); room -= n
+                n = min(n, room)
             while not self._allocate(req, n):
                 victim = self.running[-1]
                 self._preempt(victim); gone.add(victim)
                 if victim is req: break
             else:
                 out.append((req, n)); budget -= n
+                if prompt: room -= n
         while admit and self.waiting and budget and room and len(self.running) < self.sc.max_num_seqs:
             req = self.waiting[0]
             if not self.kv.admit(req): break
             n = min(req.num_tokens - req.num_computed, budget, room)
-            room -= n
             if not self.kv.allocate(req, n):
                 self.kv.free(req)
                 if not self.running and not out:
                     raise RuntimeError(f"request {req.request_id} needs more KV blocks than the whole cache holds")
                 break
             self.waiting.popleft(); self.running.append(req)
-            out.append((req, n)); budget -= n
+            out.append((req, n)); budget -= n; room -= n
         return out
 
     def prefill_room(self, admit: bool) -> int:
