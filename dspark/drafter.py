@@ -126,6 +126,25 @@ class DSparkDrafter(nn.Module):
             rows.append(st.attn.kv_row(main_x[None], cos, sin)[0])
         return rows
 
+    def context_kv_into(self, feats: torch.Tensor, positions: torch.Tensor, ring: torch.Tensor, at: torch.Tensor) -> None:
+        """`context_kv` written straight into `ring [slots, S, n, head_dim]`: token t's stage-s row goes to flat row
+        `at[t] + s·n` of `ring.view(-1, head_dim)`. With the fused norm + RoPE kernel (the GPU fast path) a stage is
+        its projection and one launch that norms, rotates and stores the row — about 15 launches fewer a stage,
+        every step (the rotation angles are computed once for the stages that share a RoPE table)."""
+        if self.rope_kernel is None:
+            for s, rows in enumerate(self.context_kv(feats, positions)):
+                ring.view(-1, ring.shape[-1])[at + s * ring.shape[2]] = rows.to(ring.dtype)
+            return
+        first = self.mtp[0]
+        main_x = first.main_norm(first.main_proj(feats.to(first.main_proj.weight.dtype)))
+        none = main_x.new_empty(main_x.shape[0], 0, self.cfg.head_dim)    # no query heads: the kernel's K=V row only
+        angles = {}
+        for s, st in enumerate(self.mtp):
+            inv = st.attn.inv_freq.to(feats.device)
+            if id(inv) not in angles: angles[id(inv)] = rope_cos_sin(inv, positions)
+            self.rope_kernel(none, *angles[id(inv)], self.cfg.rms_norm_eps, st.attn.wkv(main_x), st.attn.kv_norm.weight,
+                             ring.view(-1, ring.shape[-1]), at + s * ring.shape[2])
+
     def block_forward(self, anchor: int, P: int, ctx: list[torch.Tensor]) -> torch.Tensor:
         "Pre-norm hidden `[γ, D]` of the block `[anchor, noise…]` at positions `P…P+γ−1` given context rows."
         dev = ctx[0].device

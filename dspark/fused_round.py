@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from .graphs import GraphRunner, HostStage, bucket_sizes, fill_layout, forward_static
+from .kernels_draft import round_handover_triton
 
 # %% auto #0
-__all__ = ['greedy_accept', 'RoundOutputs', 'Round', 'RoundGraphs']
+__all__ = ['greedy_accept', 'round_handover', 'RoundOutputs', 'Round', 'RoundGraphs']
 
 # %% ../nbs/28_fused_round.ipynb #6296d859
 def greedy_accept(top: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
@@ -28,6 +29,21 @@ def greedy_accept(top: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, dra
     rows = (first[:, None] + j).clamp(0, N - 2)                         # row verifying draft j + 1
     match = (top[rows] == ids[rows + 1]) & (j < drafts[:, None])
     return match.long().cumprod(1).sum(1)
+
+def round_handover(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
+                   tok_pos: torch.Tensor, ring_slot: torch.Tensor, scratch: int, width: int):
+    """From a round's verification to its draft step: `verified [N + R]` holds each row's argmax in its first `N`;
+    this writes each request's accepted drafts after them and returns `(anchors, P, slots)` `[R]` each: the token
+    after the accepted drafts, the position it takes (its row's position + accepted + 1) and the request's
+    context-ring slot (the `scratch` ring for a padding request, whose row has position −1). `tok_pos`, `ring_slot`:
+    the step buffers' rows. The reference of chapter 32's one-launch `round_handover_triton`."""
+    N = ids.shape[0]
+    top = verified[:N]
+    a = verified[N:]
+    a.copy_(greedy_accept(top, ids, first, drafts, width))
+    pos0 = tok_pos[first].long()
+    slots = torch.where(pos0 >= 0, ring_slot[first], scratch)
+    return top[first + a], (pos0 + a + 1).clamp(min=0), slots
 
 # %% ../nbs/28_fused_round.ipynb #29c9f908
 @dataclass
@@ -84,16 +100,16 @@ class RoundGraphs:
         host mirrors, each half's results are copied out and an event marks it: verification first, drafts after."""
         g, buf, n = self.g, self.g.buf, R * self.width
         out = forward_static(g.model, g.cache, buf, n, g.taps, g.finals, g.mhc, g.context)
-        top = out.logits.argmax(-1)
-        first = self.first[:R]
-        a = greedy_accept(top, buf.ids[:n], first, self.drafts[:R], self.width)
-        verified = torch.cat([top, a])
+        verified = torch.empty(n + R, dtype=torch.long, device=out.logits.device)
+        torch.argmax(out.logits[:n], -1, out=verified[:n])
+        # accepted drafts after the argmax, then each request's anchor (the token after them), its position and ring;
+        # with chapter 32's kernels on, one launch instead of ~25
+        hand = round_handover_triton if getattr(self.pr.drafter, "markov_kernel", None) is not None else round_handover
+        anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], self.drafts[:R], buf.tok_pos[:n],
+                                 buf.ring_slot[:n], self.pr.ctx.scratch, self.width)
         if self.host is not None:
             self.host.verified[:n + R].copy_(verified, non_blocking=True); self.events[0].record()
-        pos0 = buf.tok_pos[:n][first].long()
-        slots = torch.where(pos0 >= 0, buf.ring_slot[:n][first], self.pr.ctx.scratch)
-        anchors = top[first + a]                            # each request's new anchor: the token after its accepted drafts
-        drafts, conf, complete = self.pr.draft_tensors(slots, anchors, (pos0 + a + 1).clamp(min=0), self.K)
+        drafts, conf, complete = self.pr.draft_tensors(slots, anchors, P, self.K)
         res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float(),
                            torch.cat([anchors[:, None], drafts], 1).reshape(-1))
         if self.host is not None:

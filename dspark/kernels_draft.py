@@ -19,8 +19,8 @@ import triton.language as tl
 from .drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
-__all__ = ['MARKOV_CHUNK', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_greedy_triton', 'draft_block_attention',
-           'draft_kernels_check']
+__all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_chunk',
+           'markov_greedy_triton', 'draft_block_attention', 'round_handover_triton', 'draft_kernels_check']
 
 # %% ../nbs/32_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -84,21 +84,33 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
         tl.store(val_ptr + (row * n + k) * SPLITS + split, best)
         tl.store(idx_ptr + (row * n + k) * SPLITS + split, arg)
 
-MARKOV_CHUNK = 512
+MARKOV_CHUNK = 128        # the fewest token ids a program scores (one tile of `W₂` rows at the drafter's rank)
+MARKOV_PROGRAMS = 1024    # chunks double while a launch would have more programs than this
 _ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
+def markov_chunk(R: int, V: int) -> int:
+    """Token ids per program for `R` rows over a vocabulary of `V`: as few as possible, since each launch takes as
+    long as its programs' serial tile loop, but not so few that the programs outnumber the GPU several times over
+    (H200, embedded model: 20.6 µs for the six launches at chunk 128 and one request, 47.1 at 512; at 64
+    requests 39.9 µs at 256, 45.1 at 128)."""
+    c = MARKOV_CHUNK
+    while R * triton.cdiv(V, c) > MARKOV_PROGRAMS and c < 8192: c *= 2
+    return c
+
 def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                         conf_w: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         conf_w: torch.Tensor | None, n: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy Markov drafts for `R` blocks in `n + 1` launches: `U [R, γ, V]` fp32 base logits, `h [R, γ, D]` the
     block's hidden states, `anchors [R]`, `w1 [V, r]` / `w2 [V, r]` the Markov head, `conf_w [D + r]` the
-    confidence head (or None). Returns drafts `[R, n]` int64 and confidence logits `[R, n]` fp32 (or None)."""
+    confidence head (or None). Returns drafts `[R, n]` int64 and confidence logits `[R, n]` fp32 (or None).
+    `chunk`: token ids per program (default `markov_chunk`)."""
     R, _, V = U.shape
     RANK, D = w1.shape[1], h.shape[-1]
     if U.stride(-1) != 1: U = U.contiguous()
     if h.stride(-1) != 1: h = h.contiguous()
     if w2.dtype not in _ROUND: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
     w1, w2 = w1.contiguous(), w2.contiguous()
-    S = triton.cdiv(V, MARKOV_CHUNK)
+    chunk = chunk or markov_chunk(R, V)
+    S = triton.cdiv(V, chunk)
     dev = U.device
     vals = torch.empty(R, n, S, dtype=torch.float32, device=dev)
     idx = torch.empty(R, n, S, dtype=torch.int64, device=dev)
@@ -110,7 +122,7 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     for k in range(n + 1):
         _launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
                 w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-                k, n, V, D, RANK, MARKOV_CHUNK, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
+                k, n, V, D, RANK, chunk, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
                 BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
                 HAS_CONF=conf_w is not None and k < n, ROUND=_ROUND[w2.dtype])
     return drafts, conf
@@ -119,49 +131,77 @@ markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch 
 
 # %% ../nbs/32_kernels_draft.ipynb #1e2f1e23
 @triton.jit
-def _attend_tile(q, keys, ok, m_i, l_i, acc, scale):
-    "One online-softmax update of `acc [H, d]` with a tile of keys `[N, d]` (K = V), `ok [N]` the visible ones."
-    s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p, keys, input_precision="ieee")
-    return m_new, l_i, acc
-
-@triton.jit
 def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, ok_ptr, s_okr, kv_ptr, s_kvr, s_kvt, sink_ptr,
-                       o_ptr, s_or, s_ot, s_oh, H, G, NC, Dh, scale, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program (request·row, head group): one block row's heads over its request's visible context rows, then every
-    row of the block (non-causal), then the sink; online softmax in fp32."""
-    rt = tl.program_id(0).to(tl.int64)
-    r, t = rt // G, rt % G
-    hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    dd = tl.arange(0, BLOCK_D)
-    hm, dm = hh < H, dd < Dh
-    q = tl.load(q_ptr + r * s_qr + t * s_qt + hh[:, None] * s_qh + dd[None, :], mask=hm[:, None] & dm[None, :],
+                       o_ptr, s_or, s_ot, s_oh, part_ptr, cnt_ptr, H, G, NC, NT, Dh, scale, BLOCK_Q: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (request, query group, split): the group's `BLOCK_Q` queries (block row · head, all sharing the
+    request's keys) against one tile of `BLOCK_N` context rows (split < NT) or the block's own rows (split NT),
+    a partial softmax `(max, sum, Σ p·v)` in fp32 stored to `part`. The program that finishes last (a counter per
+    request and group) merges the NT + 1 partials with the sink, writes the output and zeroes the counter."""
+    r, qg, sp = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    QG = tl.num_programs(1)
+    qi = qg * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    t, hh, dd = qi // H, qi % H, tl.arange(0, BLOCK_D)
+    qm, dm = qi < G * H, dd < Dh
+    q = tl.load(q_ptr + r * s_qr + t[:, None] * s_qt + hh[:, None] * s_qh + dd[None, :], mask=qm[:, None] & dm[None, :],
                 other=0.0).to(tl.float32)
-    m_i = tl.full([BLOCK_H], -1e30, tl.float32)          # finite: a tile with nothing visible changes nothing
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for off in range(0, NC, BLOCK_N):
-        j = off + tl.arange(0, BLOCK_N)
+    if sp < NT:                                   # a tile of context rows, the masked ones neither loaded nor seen
+        j = sp * BLOCK_N + tl.arange(0, BLOCK_N)
         ok = (j < NC) & (tl.load(ok_ptr + r * s_okr + j, mask=j < NC, other=0) != 0)
         keys = tl.load(c_ptr + r * s_cr + j[:, None] * s_cn + dd[None, :], mask=ok[:, None] & dm[None, :],
                        other=0.0).to(tl.float32)
-        m_i, l_i, acc = _attend_tile(q, keys, ok, m_i, l_i, acc, scale)
-    j = tl.arange(0, BLOCK_G)
-    keys = tl.load(kv_ptr + r * s_kvr + j[:, None] * s_kvt + dd[None, :], mask=(j < G)[:, None] & dm[None, :],
-                   other=0.0).to(tl.float32)
-    m_i, l_i, acc = _attend_tile(q, keys, j < G, m_i, l_i, acc, scale)
-    sink = tl.load(sink_ptr + hh, mask=hm, other=0.0).to(tl.float32)
-    m_new = tl.maximum(m_i, sink)
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.exp(sink - m_new)
-    out = acc * (alpha / l_i)[:, None]
-    tl.store(o_ptr + r * s_or + t * s_ot + hh[:, None] * s_oh + dd[None, :], out, mask=hm[:, None] & dm[None, :])
+    else:                                         # the block's own rows: all visible (non-causal)
+        j = tl.arange(0, BLOCK_N)
+        ok = j < G
+        keys = tl.load(kv_ptr + r * s_kvr + j[:, None] * s_kvt + dd[None, :], mask=ok[:, None] & dm[None, :],
+                       other=0.0).to(tl.float32)
+    s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m = tl.maximum(tl.max(s, 1), -1e30)           # finite: a tile with nothing visible adds nothing when merged
+    p = tl.exp(s - m[:, None])
+    acc = tl.dot(p, keys, input_precision="ieee")
+    # part row (request, group, split): BLOCK_Q maxima, BLOCK_Q sums, then BLOCK_Q · BLOCK_D weighted values
+    W = BLOCK_Q * (BLOCK_D + 2)
+    base = ((r * QG + qg) * (NT + 1) + sp) * W
+    i = tl.arange(0, BLOCK_Q)
+    tl.store(part_ptr + base + i, m)
+    tl.store(part_ptr + base + BLOCK_Q + i, tl.sum(p, 1))
+    tl.store(part_ptr + base + 2 * BLOCK_Q + i[:, None] * BLOCK_D + dd[None, :], acc)
+    tl.debug_barrier()                            # every thread's stores precede the release below
+    done = tl.atomic_add(cnt_ptr + r * QG + qg, 1, sem="acq_rel")
+    if done == NT:                                # the last of the NT + 1: merge them, then the sink
+        m_i = tl.full([BLOCK_Q], -1e30, tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        o = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+        row0 = (r * QG + qg) * (NT + 1) * W
+        for k in range(0, NT + 1):                # read through L2 (".cg"): other SMs wrote these
+            b = row0 + k * W
+            m_k = tl.load(part_ptr + b + i, cache_modifier=".cg")
+            l_k = tl.load(part_ptr + b + BLOCK_Q + i, cache_modifier=".cg")
+            a_k = tl.load(part_ptr + b + 2 * BLOCK_Q + i[:, None] * BLOCK_D + dd[None, :], cache_modifier=".cg")
+            m_new = tl.maximum(m_i, m_k)
+            alpha, beta = tl.exp(m_i - m_new), tl.exp(m_k - m_new)
+            l_i = l_i * alpha + l_k * beta
+            o = o * alpha[:, None] + a_k * beta[:, None]
+            m_i = m_new
+        sink = tl.load(sink_ptr + hh, mask=qm, other=0.0).to(tl.float32)
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.exp(sink - m_new)
+        o = o * (alpha / l_i)[:, None]
+        tl.store(o_ptr + r * s_or + t[:, None] * s_ot + hh[:, None] * s_oh + dd[None, :], o, mask=qm[:, None] & dm[None, :])
+        tl.atomic_xchg(cnt_ptr + r * QG + qg, 0)  # ready for the next launch (a graph replays this one)
+
+_ATTN_COUNTERS: dict[str, torch.Tensor] = {}      # per device: the merge counters, zero between launches
+
+def _attn_counters(n: int, device: torch.device) -> torch.Tensor:
+    """At least `n` zeroed int32 counters on `device`, allocated once (4,096 at first: 64 requests × V4's 20 query
+    groups fit) and kept, so a captured graph's launches reuse the same ones."""
+    key = str(device)
+    have = _ATTN_COUNTERS.get(key)
+    if have is None or have.numel() < n:
+        _ATTN_COUNTERS[key] = have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return have
 
 def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor,
                           scale: float) -> torch.Tensor:
@@ -174,21 +214,58 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
         raise ValueError("q, ctx and kv must have unit stride in their last dim")
     out = torch.empty(R, G, H, Dh, dtype=torch.float32, device=q.device)
     if R == 0: return out
-    BLOCK_H, BLOCK_D = 16, max(16, triton.next_power_of_2(Dh))   # a head group of 16: tl.dot's smallest tile
-    wide = BLOCK_D > 128                                         # V4's 512-wide heads: smaller key tiles, more warps
-    _launch(_block_attn_kernel, (R * G, triton.cdiv(H, BLOCK_H)), q, q.stride(0), q.stride(1), q.stride(2),
+    BLOCK_D = max(16, triton.next_power_of_2(Dh))
+    wide = BLOCK_D > 128                              # V4's 512-wide heads: smaller tiles, more warps
+    BLOCK_Q = 16 if wide else 32                      # the block's rows × heads share the keys: one query tile
+    BLOCK_N = max(16 if wide else 32, triton.next_power_of_2(G))   # the block's own rows fit one key tile
+    QG, NT = triton.cdiv(G * H, BLOCK_Q), triton.cdiv(NC, BLOCK_N)
+    part = torch.empty(R * QG * (NT + 1) * BLOCK_Q * (BLOCK_D + 2), dtype=torch.float32, device=q.device)
+    _launch(_block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2),
             ctx, ctx.stride(0), ctx.stride(1), valid, valid.stride(0), kv, kv.stride(0), kv.stride(1), sink, out,
-            out.stride(0), out.stride(1), out.stride(2), H, G, NC, Dh, scale, BLOCK_H=BLOCK_H, BLOCK_N=16 if wide else 32,
-            BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=BLOCK_D, num_warps=8 if wide else 4)
+            out.stride(0), out.stride(1), out.stride(2), part, _attn_counters(R * QG, q.device), H, G, NC, NT, Dh,
+            scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+            num_warps=8 if wide else 4)
     return out
 
 draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 11)
 
+# %% ../nbs/32_kernels_draft.ipynb #08a8c222
+@triton.jit
+def _handover_kernel(v_ptr, ids_ptr, first_ptr, drafts_ptr, pos_ptr, ring_ptr, anchor_ptr, P_ptr, slot_ptr, N,
+                     scratch, W, BLOCK_W: tl.constexpr):
+    """Program i: request i's accepted drafts (the leading run of rows whose argmax is the next row's token), written
+    after the rows' argmax in `v`, then its new anchor, that anchor's position and its context-ring slot."""
+    i = tl.program_id(0)
+    f = tl.load(first_ptr + i)
+    d = tl.load(drafts_ptr + i)
+    j = tl.arange(0, BLOCK_W)
+    live = (j < d) & (j < W - 1) & (j < N - 1)              # one row (N = 1): nothing to verify
+    rows = tl.minimum(tl.maximum(f + j, 0), N - 2)          # as `greedy_accept` clamps them
+    ok = live & (tl.load(v_ptr + rows, mask=live, other=0) == tl.load(ids_ptr + rows + 1, mask=live, other=0))
+    a = tl.min(tl.where(ok, BLOCK_W, j), 0)                 # the first row that does not match (BLOCK_W > W − 1)
+    tl.store(v_ptr + N + i, a.to(tl.int64))
+    tl.store(anchor_ptr + i, tl.load(v_ptr + f + a))
+    p0 = tl.load(pos_ptr + f).to(tl.int64)
+    tl.store(P_ptr + i, tl.maximum(p0 + a + 1, 0))
+    tl.store(slot_ptr + i, tl.where(p0 >= 0, tl.load(ring_ptr + f), scratch).to(tl.int64))
+
+def round_handover_triton(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
+                          tok_pos: torch.Tensor, ring_slot: torch.Tensor, scratch: int, width: int):
+    """`fused_round.round_handover` in one launch: writes the accepted drafts after the argmax in `verified` and
+    returns `(anchors, P, slots)` `[R]` int64."""
+    N, R = ids.shape[0], first.shape[0]
+    if verified.shape[0] != N + R or not verified.is_contiguous():
+        raise ValueError(f"verified must be a contiguous [N + R] = [{N + R}] buffer, got {list(verified.shape)}")
+    anchors, P, slots = (torch.empty(R, dtype=torch.long, device=verified.device) for _ in range(3))
+    if R: _launch(_handover_kernel, (R,), verified, ids, first, drafts, tok_pos, ring_slot, anchors, P, slots, N,
+                  scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)))
+    return anchors, P, slots
+
 # %% ../nbs/32_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()
 def draft_kernels_check(drafter, seed: int = 0) -> str | None:
-    """Both kernels once at `drafter`'s own shapes (one request, random inputs on its device and in its dtype)
-    against their references: None when they agree, else what went wrong. The GPU fast path gives the drafter the
+    """The kernels once at `drafter`'s own shapes (one request, random inputs on its device and in its dtype)
+    against their references (the round's hand-over too): None when they agree, else what went wrong. The GPU fast path gives the drafter the
     kernels only then, so a kernel that fails to compile or disagrees on some GPU or Triton version costs drafting
     speed, never a failed start or wrong drafts. The Markov drafts may differ only where the reference's own
     scores of the two tokens are within bf16 rounding (the linear's summation order differs)."""
@@ -220,6 +297,16 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
             a, b = lg[drafts[0, k]].item(), lg[ref_drafts[0, k]].item()
             if abs(a - b) > 1e-2 * max(1.0, abs(b)):
                 return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"
+        from dspark.fused_round import round_handover       # (chapter 28 imports this module)
+        ids = torch.randint(0, V, (G + 2,), generator=gen).to(dev)   # a request of G rows, then a padding row
+        top = torch.roll(ids, -1)
+        top[2] = (top[2] + 1) % V                            # the third draft is rejected
+        z = lambda *v: torch.tensor(v, device=dev)
+        args = (ids, z(0, G + 1), z(G, 0), z(*range(5, 5 + G + 1), -1).int(), z(*range(G + 2)), 7, G + 1)
+        v_ref, v_fast = torch.cat([top, z(-1, -1)]), torch.cat([top, z(-1, -1)])
+        ref, fast = round_handover(v_ref, *args), round_handover_triton(v_fast, *args)
+        if not (torch.equal(v_ref, v_fast) and all(torch.equal(a, b) for a, b in zip(ref, fast))):
+            return f"round handover: accepted {v_fast[-2:].tolist()}, the reference {v_ref[-2:].tolist()}"
     except Exception as e:                       # a compiler or launch error on this device: keep the torch path
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None

@@ -49,8 +49,8 @@ class DraftContext:
         at the `scratch` ring."""
         positions = positions.to(self.pos.device)
         idx = positions % self.size
-        for s, rows in enumerate(self.drafter.context_kv(feats, positions)):
-            self.rows[slots, s, idx] = rows.to(self.rows.dtype)
+        S = self.rows.shape[1]
+        self.drafter.context_kv_into(feats, positions, self.rows, (slots * S) * self.size + idx)
         self.pos[slots, idx] = positions
 
     def gather(self, slot: int, P: int) -> list[torch.Tensor]:

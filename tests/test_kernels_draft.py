@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 import dspark
 from dspark.drafter import load_drafter
-from dspark.kernels_draft import (draft_block_attention, draft_block_attention_ref, markov_greedy_ref,
+from dspark.kernels_draft import (draft_block_attention, draft_block_attention_ref, markov_chunk, markov_greedy_ref,
                                   markov_greedy_triton)
 from dspark.kernels_hc import aten_launches
 
@@ -20,8 +20,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("R,G,V,D,rank,n,dtype", [
-    (3, 5, 300, 24, 8, 5, torch.float32),        # one split
-    (2, 4, 1100, 16, 12, 2, torch.float32),      # three splits, fewer positions than the block
+    (3, 5, 120, 24, 8, 5, torch.float32),        # one split
+    (2, 4, 1100, 16, 12, 2, torch.float32),      # nine splits, fewer positions than the block
     (2, 5, 1500, 16, 8, 5, torch.bfloat16),      # the linear rounded to bf16 before the add
 ])
 def test_markov_kernel_equals_the_loop(R, G, V, D, rank, n, dtype):
@@ -40,15 +40,17 @@ def test_markov_kernel_equals_the_loop(R, G, V, D, rank, n, dtype):
 
 
 def test_markov_kernel_breaks_ties_as_argmax():
-    "The same maximum inside one tile, in two tiles of a split, and in two splits: the lowest token id wins."
+    """The same maximum inside one tile, in two tiles of a split, and in two splits: the lowest token id wins (512-id
+    chunks, so a split has several tiles; the default chunk for so few programs is one tile)."""
     U = torch.zeros(3, 2, 1100)
     U[0, :, 700] = U[0, :, 1000] = 1.0                 # two splits
     U[1, :, 130] = U[1, :, 5] = 2.0                    # two tiles of split 0
     U[2, :, 9] = U[2, :, 8] = 3.0                      # one tile
     z = torch.zeros(1100, 4)
     drafts, _ = markov_greedy_triton(U.to(DEV), torch.zeros(3, 2, 4, device=DEV), torch.tensor([0, 1, 2], device=DEV),
-                                     z.to(DEV), z.to(DEV), None, 2)
+                                     z.to(DEV), z.to(DEV), None, 2, chunk=512)
     assert drafts.tolist() == [[700, 700], [5, 5], [8, 8]]
+    assert markov_chunk(1, 4096) == 128 and markov_chunk(64, 4096) == 256 and markov_chunk(1, 129280) == 128
 
 
 @pytest.mark.parametrize("R,G,H,Dh,NC,dtype", [
@@ -135,11 +137,59 @@ def test_kernels_compile_for_hopper():
     sigs = []
     with record(sigs):
         assert draft_kernels_check(drafter) is None
-        w = torch.randn(300, 8)
-        markov_greedy_triton(torch.randn(2, 5, 300), torch.randn(2, 5, 16), torch.tensor([1, 2]), w, w, None, 5)
+        w = torch.randn(100, 8)
+        markov_greedy_triton(torch.randn(2, 5, 100), torch.randn(2, 5, 16), torch.tensor([1, 2]), w, w, None, 5)
     names = {s[1] for s in sigs}
-    assert names == {"_markov_step_kernel", "_block_attn_kernel"}, names
+    assert names == {"_markov_step_kernel", "_block_attn_kernel", "_handover_kernel"}, names
     assert any(s[3].get("k") == 1 for s in sigs) and any(s[3].get("SPLITS") == 1 for s in sigs)
     bad = [s[0], s[1], dict(s[2]), {**s[3], "BLOCK_V": 48}, s[4]] if (s := sigs[-1]) else None
     failed = compile_all(sigs + [bad])
     assert len(failed) == 1 and '"BLOCK_V": 48' in failed[0], "\n".join(failed)
+
+
+@pytest.mark.parametrize("width", [6, 5, 2])
+def test_round_handover_kernel_equals_the_reference(width):
+    "Accepted counts, anchors, positions and ring slots from the kernel and from `fused_round.round_handover`."
+    from dspark.fused_round import round_handover
+    from dspark.kernels_draft import round_handover_triton
+    g = torch.Generator().manual_seed(width)
+    R, pad = 7, 3                                   # seven requests, three padding rows after them
+    drafts = torch.randint(0, width, (R,), generator=g)
+    first = torch.cat([torch.zeros(1, dtype=torch.long), (drafts + 1).cumsum(0)[:-1]])
+    N = int((drafts + 1).sum()) + pad
+    ids = torch.randint(0, 4, (N,), generator=g)                  # a small vocabulary: many matches
+    top = torch.where(torch.rand(N, generator=g) < 0.7, torch.roll(ids, -1), torch.randint(0, 4, (N,), generator=g))
+    tok_pos = torch.randint(0, 300, (N,), generator=g).int()
+    tok_pos[1] = -1                                              # request 1's anchor row is padding: the scratch ring
+    ring_slot = torch.randint(0, 16, (N,), generator=g)
+    first, drafts = torch.cat([first, torch.zeros(2, dtype=torch.long)]), torch.cat([drafts, torch.zeros(2, dtype=torch.long)])
+    args = lambda: (ids.to(DEV), first.to(DEV), drafts.to(DEV), tok_pos.to(DEV), ring_slot.to(DEV), 99, width)
+    v_ref, v_fast = (torch.cat([top, torch.full((R + 2,), -7)]).to(DEV) for _ in range(2))
+    ref = round_handover(v_ref, *args())
+    fast = round_handover_triton(v_fast, *args())
+    assert torch.equal(v_fast, v_ref), (v_fast[N:], v_ref[N:])
+    for a, b in zip(fast, ref): assert torch.equal(a, b), (a, b)
+    assert 0 < int(v_ref[N:].sum()) < int(drafts.sum())           # some drafts accepted, not all
+    with pytest.raises(ValueError, match="verified must be"):
+        round_handover_triton(v_fast[:-1], *args())
+
+
+def test_context_rows_with_the_fused_kernel(tiny_ckpt):
+    "A step's drafter context rows, written into the rings by the fused norm + RoPE kernel, equal the torch path's."
+    from dspark.kernels_fused import qkv_rope_insert_
+    from dspark.speculative import DraftContext
+    target = dspark.load_target(tiny_ckpt, device=DEV)
+    drafter = load_drafter(tiny_ckpt, target)
+    cfg, gen = target.cfg, torch.Generator().manual_seed(3)
+    feats = torch.randn(9, len(cfg.dspark_target_layer_ids) * cfg.hidden_size, generator=gen).to(DEV)
+    positions = torch.tensor([0, 1, 2, 40, 41, 7, 300, 301, 5], device=DEV)
+    slots = torch.tensor([0, 0, 0, 2, 2, 1, 3, 3, 4], device=DEV)        # slot 4: the scratch ring of 4 requests
+    rings = []
+    for kernel in (None, qkv_rope_insert_):
+        drafter.rope_kernel = kernel
+        ctx = DraftContext(drafter, 4, DEV)
+        with torch.no_grad(): ctx.insert_many(slots, feats, positions)
+        rings.append((ctx.rows.clone(), ctx.pos.clone()))
+    (ref, ref_pos), (fast, fast_pos) = rings
+    assert torch.equal(ref_pos, fast_pos) and ref.abs().sum() > 0
+    assert torch.allclose(fast, ref, atol=1e-5), (fast - ref).abs().max()

@@ -178,6 +178,24 @@ def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
     assert PlainSwitch.bucket(1) == 1 and PlainSwitch.bucket(33) == 64 and PlainSwitch.bucket(64) == 64
 
 
+
+def test_plain_switch_needs_samples_and_backs_off_its_probes():
+    """One fast plain step does not make plain decoding preferred (a rate needs `min_samples` steps, averaged), and
+    while probes keep confirming drafting they come half as often each time, down to `max_probe_every`."""
+    from dspark.capacity_control import PlainSwitch
+    sw = PlainSwitch(probe_every=8, probe_len=2, max_probe_every=64)
+    plain_rates = iter([10.0] + [3.0] * 1000)             # the first plain step measured fast, the rest slow
+    modes = []
+    for _ in range(400):
+        plain = sw.decide(64)
+        modes.append(plain)
+        sw.record(64, plain, int((next(plain_rates) if plain else 5.0) * 10), 10.0)
+    assert not sw.preferred and sw.every == 64
+    starts = [i for i in range(1, len(modes)) if modes[i] and not modes[i - 1]]   # each probe of plain decoding
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > 4 * gaps[0], gaps
+    assert sum(modes) < 0.1 * len(modes)
+
 def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
     """Capacity control's depth 0 (emulated graphs): scripted plain/draft decisions; plain steps run as overlapped
     decode steps (`DecodeAhead`, the graphs writing the drafter's context), drafting resumes with rounds, and the
