@@ -553,11 +553,13 @@ def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: 
                 mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
                 activation=llm.runner.capacity.activation if llm.runner.capacity else None,
                 host_ms_per_request=llm.runner.capacity.host_ms_per_request if llm.runner.capacity else None,
-                **{k: cap1[k] - cap0[k] for k in cap0})
+                **{k: cap1[k] - cap0[k] for k in cap0 if k != "switch_rates"}, switch_rates=cap1["switch_rates"])
 
 def _cap_counts(llm) -> dict:
     "Capacity-control counters of an engine (zeros without it), to difference around a run."
     cap = llm.runner.capacity
     s = cap.stats if cap else CapacityStats()
+    sw = cap.switch if cap else None
     return dict(active_steps=s.active_steps, bypassed_steps=s.bypassed_steps, proposed_drafts=s.proposed, kept_drafts=s.kept,
-                plain_steps=s.plain_steps)
+                plain_steps=s.plain_steps,   # and what the plain switch has measured: tokens/ms by request bucket
+                switch_rates={f"{b}{' plain' if p else ' draft'}": round(r, 2) for (b, p), r in sorted(sw.rate.items())} if sw else {})

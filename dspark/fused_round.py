@@ -7,11 +7,12 @@ Docs: https://dspark-dev.github.io/dspark/fused_round.html.md"""
 # %% ../nbs/28_fused_round.ipynb #d8ae0a9f
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
-from .graphs import GraphRunner, HostStage, bucket_sizes, fill_layout, forward_static
+from .graphs import GraphRunner, bucket_sizes, fill_layout, forward_static
 from .kernels_draft import round_handover_triton
 
 # %% auto #0
@@ -77,14 +78,13 @@ class RoundGraphs:
         self.width = runner.max_query                  # rows per request: the anchor and up to γ drafts
         self.K = proposer.drafter.block_size           # drafts proposed per request (the engine keeps what fits)
         max_seqs, dev = runner.buf.tables.shape[0], runner.buf.ids.device
-        self.first = torch.zeros(max_seqs, dtype=torch.long, device=dev)
-        self.drafts = torch.zeros(max_seqs, dtype=torch.long, device=dev)
-        self.stage = HostStage({"first": self.first, "drafts": self.drafts})
+        self.first, self.drafts = runner.buf.first, runner.buf.drafts   # laid out and sent with the step's rows
         self.sizes = bucket_sizes(max_seqs)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, RoundOutputs]] = {}
         self.replays, self.graph_bytes = 0, 0
         self.host = self.events = None                 # pinned copies of the outputs, written inside the graphs
         self.snaps, self.turn = None, 0                # two more for the drafts, copied behind a round (`snapshot`)
+        self.early = None                              # (handle, fetch) of the last launch's copy of its drafts
         if capture:
             z = lambda n, dt: torch.zeros(n, dtype=dt, pin_memory=True)
             self.host = RoundOutputs(z(max_seqs * (self.width + 1), torch.long), z(max_seqs * (1 + self.K), torch.long),
@@ -169,18 +169,22 @@ class RoundGraphs:
         R = len(lens)
         b = self.bucket(R)
         n = b * self.width
-        fill_layout(self.g.buf, lens, seqs, n, self.g.cache.scratch_slot, ids)
-        self.stage.wait()
-        h, k, starts = self.stage.np, 0, []
-        for i, m in enumerate(lens): h["first"][i], h["drafts"][i] = k, m - 1; starts.append(k); k += m
-        h["first"][R:b], h["drafts"][R:b] = 0, 0
-        self.stage.send(self.first, "first", b); self.stage.send(self.drafts, "drafts", b)
-        self.stage.sent()
+        fill_layout(self.g.buf, lens, seqs, n, self.g.cache.scratch_slot, ids)   # `first` and `drafts` too
+        starts = list(itertools.accumulate(lens, initial=0))[:R]
         graph, out = self.graphs[b]
         graph.replay()
         self.replays += 1
         self.g.wrote_context = True                         # the step wrote the drafter's context rows itself
-        return out, R, b, n, starts, list(lens)
+        handle = (out, R, b, n, starts, list(lens))
+        # the drafts' copy, queued now behind the round while the host waits for its verification anyway: chapter 31
+        # launches the next round as soon as that is read, and this copy was ~80 µs of host time on that path
+        self.early = (handle, self.snapshot(handle, conf=True))
+        return handle
+
+    def snapshot_for(self, handle: tuple):
+        "The fetch of a launched round's drafts: the copy `launch` queued behind it, or a new one (`snapshot`)."
+        if self.early is not None and self.early[0] is handle: return self.early[1]
+        return self.snapshot(handle)
 
     def read(self, handle: tuple) -> Round:
         "Wait for a launched round's verification and read it; its drafts are read when asked (`Round.drafts`)."
@@ -191,13 +195,13 @@ class RoundGraphs:
         fetch = lambda: self._unpack(src.drafted, src.conf if self.pr.confidence is not None else None, ev, R, b)
         return Round([v[s:s + m] for s, m in zip(starts, lens)], v[n:n + R], fetch, handle)
 
-    def snapshot(self, handle: tuple):
-        """Copy a launched round's drafts (and confidences, while capacity control reads them) out of the graph's
-        outputs, queued behind the round, into the spare one of two pinned buffers: the next round can then be
-        launched before the host has read this one's drafts (its replay rewrites the graph's own copies). Returns
-        the fetch that reads the copy (`Round.drafts`)."""
+    def snapshot(self, handle: tuple, conf: bool | None = None):
+        """Copy a launched round's drafts (and confidences, while capacity control reads them, or with `conf`)
+        out of the graph's outputs, queued behind the round, into the spare one of two pinned buffers: the next
+        round can then be launched before the host has read this one's drafts (its replay rewrites the graph's own
+        copies). Returns the fetch that reads the copy (`Round.drafts`)."""
         out, R, b, n, starts, lens = handle
-        m, read = b * (1 + self.K), self.pr.confidence is not None
+        m, read = b * (1 + self.K), self.pr.confidence is not None if conf is None else conf
         conf = out.conf.reshape(-1)[:R * self.K] if read else None
         if self.snaps is None:                                # no graphs: the outputs are rewritten in place
             drafted, ev = out.drafted[:m].clone(), None

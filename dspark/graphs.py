@@ -35,10 +35,10 @@ from .sampling import RowParams, _signed64
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'STAGED', 'HostStage', 'StepBuffers', 'fill_buffers', 'fill_layout', 'compress_tokens', 'store_entries',
-           'entry_store', 'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static', 'StepOutputs',
-           'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'Rows', 'GraphRunner',
-           'capture_buckets', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+__all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'fill_buffers', 'fill_layout', 'compress_tokens',
+           'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static',
+           'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'Rows',
+           'GraphRunner', 'capture_buckets', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -65,7 +65,10 @@ class HostStage:
 
 @dataclass
 class StepBuffers:
-    "Device inputs of a graph step at stable addresses: per token (`[N]`) and per request row (`[R, blocks]`)."
+    """Device inputs of a graph step at stable addresses: per token (`[N]`) and per request row (`[R, blocks]`).
+    The per-token fields arrive as one block: the host writes a step's rows into `packed` (token-major, so the
+    first `n` rows are one contiguous copy) and `unpack(n)`, the first thing a captured step does, spreads them
+    into the fields the kernels read (rows of `wide` and `narrow`, each contiguous)."""
     ids: torch.Tensor            # [N] int64 token ids (0 for padding)
     tok_req: torch.Tensor        # [N] int32 request row; -1 = padding
     tok_pos: torch.Tensor        # [N] int32 position; -1 = padding
@@ -77,18 +80,29 @@ class StepBuffers:
     tables: torch.Tensor         # [R, C] int32
     block_size: int
     max_pos: int                 # the largest position a step may hold (fixes the indexer's column count)
-    stage: HostStage | None = None   # pinned host mirrors of the per-step inputs (`ids` when they come from the host)
+    stage: HostStage | None = None   # pinned host mirrors of `packed` and the tables
+    packed: torch.Tensor | None = None   # [N, 9] int64: each token's PACKED fields, as the host sent them
+    wide: torch.Tensor | None = None     # [7, N] int64: slots, ring_slot, last, pooled, ids, first, drafts (rows)
+    narrow: torch.Tensor | None = None   # [2, N] int32: tok_req, tok_pos
+    sent_tables: tuple | None = None     # the block tables the device holds (rows 0..): unchanged ones are not resent
+    first: torch.Tensor | None = None    # [R] int64 request i's first token row (rows past the step's requests: 0)
+    drafts: torch.Tensor | None = None   # [R] int64 its tokens after the first (a verify step's drafts)
 
     @classmethod
     def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":
         blocks = math.ceil((max_pos + 1) / block_size)
         z = lambda *s, dt: torch.zeros(*s, dtype=dt, device=device)
-        buf = cls(z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int32), z(max_tokens, dt=torch.int32),
-                  z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64), z(max_tokens, dt=torch.int64),
-                  z(max_tokens, dt=torch.int64), z(max_reqs, blocks, dt=torch.int32),
-                  z(max_reqs, blocks, dt=torch.int32), block_size, max_pos)
-        buf.stage = HostStage({k: getattr(buf, k) for k in STAGED + ("ids",)})
+        wide, narrow = z(len(PACKED) - 2, max_tokens, dt=torch.int64), z(2, max_tokens, dt=torch.int32)
+        buf = cls(wide[4], narrow[0], narrow[1], wide[0], wide[1], wide[2], wide[3], z(max_reqs, blocks, dt=torch.int32),
+                  z(max_reqs, blocks, dt=torch.int32), block_size, max_pos, packed=z(max_tokens, len(PACKED), dt=torch.int64),
+                  wide=wide, narrow=narrow, first=wide[5], drafts=wide[6])
+        buf.stage = HostStage({k: getattr(buf, k) for k in STAGED})
         return buf
+
+    def unpack(self, n: int) -> None:
+        "The first `n` rows of `packed` into the fields: two copies on the device (inside a captured step)."
+        self.narrow[:, :n].copy_(self.packed[:n, :2].T)
+        self.wide[:, :n].copy_(self.packed[:n, 2:].T)
 
     def meta(self, n: int) -> BatchMeta:
         "The attention kernels' view of the first `n` token rows (fixed shapes: no host copies of maxima)."
@@ -96,7 +110,41 @@ class StepBuffers:
                          self.block_size, self.max_pos, [])
 
 # %% ../nbs/26_cuda_graphs.ipynb #13701ad7
-STAGED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "pooled", "window_tables", "tables")
+PACKED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "pooled", "ids",   # `StepBuffers.packed`'s columns: per
+          "first", "drafts")                                                   # token, then per request row
+STAGED = ("packed", "window_tables", "tables")                                   # what the host stages and sends
+SMALL_STEP = 32     # steps of at most this many tokens are laid out with Python ints: ~30 numpy calls on arrays of a
+                    # few elements cost more than the loop (a DSpark round at one request is 6 tokens)
+
+def _past_window(i: int, last: int, blocks: int) -> IndexError:
+    return IndexError(f"request row {i}: position {last} is past its window table ({blocks} blocks)")
+
+def _token_rows(seqs: list[SeqView], lens: list[int], bs: int) -> list[tuple]:
+    "A small step's packed rows (the first six columns), token by token."
+    rows = []
+    for i, (s, L) in enumerate(zip(seqs, lens)):
+        wt, end = s.window_table, s.start + L - 1
+        if end // bs >= len(wt): raise _past_window(i, end, len(wt))   # the window table must cover every new position
+        rows += [(i, p, wt[p // bs] * bs + p % bs if p >= s.pooled_upto else -1, s.slot, end, s.pooled_upto)
+                 for p in range(s.start, end + 1)]
+    return rows
+
+def _token_rows_np(seqs: list[SeqView], lens: list[int], k: int, bs: int, wt: np.ndarray) -> np.ndarray:
+    "The same rows with numpy over the whole step; `wt`: the host rows of the step's window tables."
+    R, lens = len(seqs), np.asarray(lens, np.int64)
+    req = np.repeat(np.arange(R), lens)
+    starts = np.fromiter((s.start for s in seqs), np.int64, R)
+    pos = np.arange(k) - np.repeat(np.cumsum(lens) - lens - starts, lens)           # each token's position
+    pooled = np.fromiter((s.pooled_upto for s in seqs), np.int64, R)
+    wl, blk = np.fromiter((len(s.window_table) for s in seqs), np.int64, R), pos // bs
+    past = blk >= wl[req]
+    if past.any():
+        i = int(req[past][0])
+        raise _past_window(i, int(pos[req == i].max()), int(wl[i]))
+    slots = np.where(pos >= pooled[req], wt[req, blk].astype(np.int64) * bs + pos % bs, -1)
+    last = np.repeat(starts + lens - 1, lens)
+    ring = np.repeat(np.fromiter((s.slot for s in seqs), np.int64, R), lens)
+    return np.stack([req, pos, slots, ring, last, pooled[req]], 1)
 
 def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
     """Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding. A
@@ -107,47 +155,40 @@ def fill_layout(buf: StepBuffers, lens: list[int], seqs: list[SeqView], n: int, 
                 ids: torch.Tensor | list[int]) -> None:
     """`fill_buffers` given each request's token count `lens[i]` and the step's token ids `ids` in row order: a
     device tensor (copied on the device: the overlapped decode of chapter 31 feeds a step the previous step's
-    argmax without reading it) or host ints (staged in pinned memory with the rest, one more async copy).
+    argmax without reading it) or host ints (staged in pinned memory with the rest).
     The host side is a few numpy operations over the whole step: at 64 requests a per-request loop of slice
-    writes and list conversions cost ~0.5 ms a step, on a path that the host bounds."""
+    writes and list conversions cost ~0.5 ms a step, on a path that the host bounds. The step's per-token rows go
+    in one transfer (`StepBuffers.packed`); the block tables only when they differ from what the device holds
+    (a request's tables grow once a block, not once a step)."""
     st, bs = buf.stage, buf.block_size
     st.wait()
     h, R = st.np, len(seqs)
-    lens = np.asarray(lens, np.int64)
-    k = int(lens.sum())
-    req = np.repeat(np.arange(R), lens)
-    starts = np.fromiter((s.start for s in seqs), np.int64, R)
-    pos = np.arange(k) - np.repeat(np.cumsum(lens) - lens - starts, lens)           # each token's position
-    pooled = np.fromiter((s.pooled_upto for s in seqs), np.int64, R)
-    width = {}
-    for name, tabs in (("window_tables", [s.window_table for s in seqs]), ("tables", [s.table for s in seqs])):
-        rows, tl = h[name], np.fromiter(map(len, tabs), np.int64, R)
-        rows[:R] = -1                                   # past a table's end: no block (never a stale one)
-        if tl.sum():
-            col = np.arange(int(tl.sum())) - np.repeat(np.cumsum(tl) - tl, tl)
-            rows[np.repeat(np.arange(R), tl), col] = np.fromiter(itertools.chain.from_iterable(tabs), rows.dtype, int(tl.sum()))
-        width[name] = tl
-    wt = h["window_tables"]
-    h["tok_req"][:k], h["tok_pos"][:k] = req, pos
-    h["ring_slot"][:k] = np.repeat(np.fromiter((s.slot for s in seqs), np.int64, R), lens)
-    h["last"][:k] = np.repeat(starts + lens - 1, lens)
-    h["pooled"][:k] = pooled[req]
-    blk, wl = pos // bs, width["window_tables"]
-    past = blk >= wl[req]
-    if past.any():                                      # the window table must cover every new position
-        i = int(req[past][0])
-        raise IndexError(f"request row {i}: position {int(pos[req == i].max())} is past its window table ({int(wl[i])} blocks)")
-    h["slots"][:k] = np.where(pos >= pooled[req], wt[req, blk].astype(np.int64) * bs + pos % bs, -1)
-    h["tok_req"][k:n], h["tok_pos"][k:n], h["slots"][k:n], h["ring_slot"][k:n], h["last"][k:n] = -1, -1, -1, scratch_slot, -1
-    h["pooled"][k:n] = 0
+    k = sum(lens)
+    tabs = ([s.window_table for s in seqs], [s.table for s in seqs])
+    sent = buf.sent_tables
+    fresh = sent is None or len(sent[0]) < R or any(a != b for old, new in zip(sent, tabs) for a, b in zip(old, new))
+    if fresh:
+        buf.sent_tables = None                          # the host rows no longer match the device until they are sent
+        for name, tab in zip(("window_tables", "tables"), tabs):
+            rows, tl = h[name], np.fromiter(map(len, tab), np.int64, R)
+            rows[:R] = -1                               # past a table's end: no block (never a stale one)
+            if tl.sum():
+                col = np.arange(int(tl.sum())) - np.repeat(np.cumsum(tl) - tl, tl)
+                rows[np.repeat(np.arange(R), tl), col] = np.fromiter(itertools.chain.from_iterable(tab), rows.dtype, int(tl.sum()))
+    P = h["packed"]
+    if k: P[:k, :6] = _token_rows(seqs, lens, bs) if k <= SMALL_STEP else _token_rows_np(seqs, lens, k, bs, h["window_tables"])
+    P[k:n, :7] = (-1, -1, -1, scratch_slot, -1, 0, 0)   # padding rows: nothing to attend, write or read
+    la = np.fromiter(lens, np.int64, R)                 # per request: its first row, its tokens after it
+    P[:R, 7], P[:R, 8] = np.cumsum(la) - la, la - 1
+    P[R:n, 7:] = 0
     device_ids = torch.is_tensor(ids)
-    if not device_ids:
-        h["ids"][:k], h["ids"][k:n] = ids, 0
-    for name in STAGED + (() if device_ids else ("ids",)): st.send(getattr(buf, name), name, R if name.endswith("tables") else n)
+    if not device_ids: P[:k, 6] = ids
+    st.send(buf.packed, "packed", n)
+    if fresh:
+        st.send(buf.window_tables, "window_tables", R); st.send(buf.tables, "tables", R)
+        buf.sent_tables = tuple([list(t) for t in tab] for tab in tabs)
     st.sent()
-    if device_ids:
-        buf.ids[:k].copy_(ids, non_blocking=True)
-        buf.ids[k:n].zero_()
+    if device_ids: buf.packed[:k, 6].copy_(ids, non_blocking=True)
 
 # %% ../nbs/26_cuda_graphs.ipynb #34d5b77b
 def compress_tokens(comp, x: torch.Tensor, pos: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor],
@@ -310,6 +351,7 @@ def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: t
     step is `ragged` (chunks of any length: a prefill), when it is each token's request's last position in the
     step. `logits_out [≥ n, V]` fp32: write the logits there, so graphs that share it keep no logits of their own
     (the head's cast to fp32 becomes the copy into it: no extra launch in bf16)."""
+    buf.unpack(n)                                       # the step's rows, sent as one block, into their fields
     cfg, st = model.cfg, StepView.of(buf, n, ragged)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
     x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
@@ -463,9 +505,10 @@ class GraphRunner:
                 f"{self.capture_s:.1f} s; graph memory {self.graph_bytes / 2**20:.0f} MiB")
 
     def _pad_only(self, n: int) -> None:
-        self.buf.tok_req[:n].fill_(-1); self.buf.tok_pos[:n].fill_(-1); self.buf.slots[:n].fill_(-1); self.buf.last[:n].fill_(-1)
-        self.buf.pooled[:n].zero_()
-        self.buf.ring_slot[:n].fill_(self.cache.scratch_slot); self.buf.ids[:n].zero_()
+        "The first `n` rows padding (what a capture or warm-up runs on), staged as a step's rows are, then unpacked."
+        p = self.buf.packed[:n]
+        p[:, :3].fill_(-1); p[:, 3].fill_(self.cache.scratch_slot); p[:, 4].fill_(-1); p[:, 5:].zero_()
+        self.buf.unpack(n)
 
     def run(self, n: int, ragged: bool = False) -> StepOutputs:
         "The step a graph of bucket `n` records (decode/verify, or `ragged`: a prefill step), into the shared logits."

@@ -209,7 +209,7 @@ class RoundAhead:
         if self.admits is not None and self.admits(len(rows)): return   # an arrival joins the next step
         seqs = [SeqView(r.window_table, r.table, r.slot, P, r.pooled_upto) for r, P in zip(rows, starts)]
         if g.graphs_for_lens(lens, seqs) is not g.graphs: return
-        rd._fetch = _pick(self.rounds.snapshot(rd.handle), rd.rows)   # before the next replay rewrites the outputs
+        rd._fetch = _pick(self.rounds.snapshot_for(rd.handle), rd.rows)   # copied before the next replay rewrites them
         js = [rd.rows[i] for i, _, _ in spec]       # each request's row in the round's outputs
         if js == list(range(len(js))) and len(set(lens)) == 1:   # the steady state: the round's own `following`
             ids = out.following.view(b, K + 1)[:len(js), :lens[0]].reshape(-1)

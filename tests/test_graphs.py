@@ -69,27 +69,16 @@ def test_engine_and_server_switches(tiny_ckpt):
 
 
 def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
-    "The vectorised host layout of a step against the rule written token by token, on random ragged steps."
+    """The vectorised host layout of a step against the rule written token by token, on random ragged steps; each
+    step three times: laid out, again unchanged (the block tables are not resent), then with a block of a window
+    table changed in place (they are)."""
     import random
-    from types import SimpleNamespace
-    from dspark.graphs import STAGED, HostStage, fill_buffers
+    from dspark.graphs import StepBuffers, fill_buffers
     rng = random.Random(0)
-    for _ in range(200):
-        bs, R, W, C, n_max = rng.choice([4, 16, 64]), rng.randint(1, 10), 8, 12, 256
-        seqs, chunks = [], []
-        for i in range(R):
-            L = rng.randint(1, 20)
-            start = rng.randint(0, bs * W - L - 1)
-            wt = [rng.randint(0, 500) for _ in range((start + L - 1) // bs + 1)]
-            seqs.append(SeqView(wt, [rng.randint(0, 500) for _ in range(rng.randint(0, C))], rng.randint(0, 30), start,
-                                rng.choice([0, start, start + L // 2, 10 ** 6])))
-            chunks.append(torch.randint(0, 100, (L,)))
-        n = sum(len(c) for c in chunks) + rng.randint(0, 9)
-        t = {k: torch.zeros(16 if k.endswith("tables") else n_max, W if k == "window_tables" else C, dtype=torch.int32)
-             if k.endswith("tables") else torch.zeros(n_max, dtype=torch.int32 if k in ("tok_req", "tok_pos") else torch.long)
-             for k in STAGED}
-        buf = SimpleNamespace(**t, ids=torch.zeros(n_max, dtype=torch.long), block_size=bs, stage=HostStage(t))
+
+    def check(buf, seqs, chunks, n, bs):
         fill_buffers(buf, chunks, seqs, n, 99)
+        buf.unpack(n)                                  # what a captured step does first
         k = 0
         for i, (s, c) in enumerate(zip(seqs, chunks)):
             for j, tok in enumerate(c.tolist()):
@@ -104,6 +93,26 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
             assert buf.tables[i, :len(s.table)].tolist() == s.table
         for f, pad in (("tok_req", -1), ("tok_pos", -1), ("slots", -1), ("ring_slot", 99), ("last", -1), ("pooled", 0), ("ids", 0)):
             assert (getattr(buf, f)[k:n] == pad).all(), f
+
+    for _ in range(200):
+        bs, R, W, C, n_max = rng.choice([4, 16, 64]), rng.randint(1, 10), 8, 12, 256
+        seqs, chunks = [], []
+        for i in range(R):
+            L = rng.randint(1, 20)
+            start = rng.randint(0, bs * W - L - 1)
+            wt = [rng.randint(0, 500) for _ in range((start + L - 1) // bs + 1)]
+            seqs.append(SeqView(wt, [rng.randint(0, 500) for _ in range(rng.randint(0, C))], rng.randint(0, 30), start,
+                                rng.choice([0, start, start + L // 2, 10 ** 6])))
+            chunks.append(torch.randint(0, 100, (L,)))
+        n = sum(len(c) for c in chunks) + rng.randint(0, 9)
+        buf = StepBuffers.allocate(n_max, 16, bs * C - 1, bs, "cpu")
+        check(buf, seqs, chunks, n, bs)
+        sent = buf.stage.host["tables"].clone()
+        buf.stage.host["tables"][:R] = 12345                # a resend would carry this: the unchanged step must not
+        check(buf, seqs, chunks, n, bs)
+        buf.stage.host["tables"].copy_(sent)
+        seqs[-1].window_table[-1] = (seqs[-1].window_table[-1] + 7) % 500   # the engine grows its lists in place
+        check(buf, seqs, chunks, n, bs)
     with pytest.raises(IndexError, match="past its window table"):
         fill_buffers(buf, [torch.zeros(3, dtype=torch.long)], [SeqView([1], [], 0, 100, 0)], 3, 99)
 
