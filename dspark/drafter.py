@@ -118,13 +118,17 @@ class DSparkDrafter(nn.Module):
 
     def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[torch.Tensor]:
         "Each stage's K=V rows `[n, head_dim]` for committed positions with features `feats [n, m·D]`."
-        first = self.mtp[0]
-        main_x = first.main_norm(first.main_proj(feats.to(first.main_proj.weight.dtype)))
+        main_x = self._context_x(feats)
         rows = []
         for st in self.mtp:
             cos, sin = rope_cos_sin(st.attn.inv_freq.to(feats.device), positions)
             rows.append(st.attn.kv_row(main_x[None], cos, sin)[0])
         return rows
+
+    def _context_x(self, feats: torch.Tensor) -> torch.Tensor:
+        "The features' projection that every stage's context rows are made from."
+        first = self.mtp[0]
+        return first.main_norm(first.main_proj(feats.to(first.main_proj.weight.dtype)))
 
     def context_kv_into(self, feats: torch.Tensor, positions: torch.Tensor, ring: torch.Tensor, at: torch.Tensor) -> None:
         """`context_kv` written straight into `ring [slots, S, n, head_dim]`: token t's stage-s row goes to flat row
@@ -135,8 +139,7 @@ class DSparkDrafter(nn.Module):
             for s, rows in enumerate(self.context_kv(feats, positions)):
                 ring.view(-1, ring.shape[-1])[at + s * ring.shape[2]] = rows.to(ring.dtype)
             return
-        first = self.mtp[0]
-        main_x = first.main_norm(first.main_proj(feats.to(first.main_proj.weight.dtype)))
+        main_x = self._context_x(feats)
         none = main_x.new_empty(main_x.shape[0], 0, self.cfg.head_dim)    # no query heads: the kernel's K=V row only
         angles = {}
         for s, st in enumerate(self.mtp):

@@ -77,7 +77,7 @@ class RoundGraphs:
         self.g, self.pr = runner, proposer
         self.width = runner.max_query                  # rows per request: the anchor and up to γ drafts
         self.K = proposer.drafter.block_size           # drafts proposed per request (the engine keeps what fits)
-        max_seqs, dev = runner.buf.tables.shape[0], runner.buf.ids.device
+        max_seqs = runner.buf.tables.shape[0]
         self.first, self.drafts = runner.buf.first, runner.buf.drafts   # laid out and sent with the step's rows
         self.sizes = bucket_sizes(max_seqs)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, RoundOutputs]] = {}
