@@ -81,6 +81,9 @@ def test_kernels_cut_the_launches():
     assert fast["triton:_markov_step_kernel"] == 6 and sum(fast.values()) < sum(slow.values()) // 2, (fast, slow)
     q, ctx, kv = r(1, 5, 4, 32), r(1, 20, 32), r(1, 5, 32)
     valid = torch.ones(1, 20, dtype=torch.bool, device=DEV)
+    first = aten_launches(draft_block_attention, q, ctx, valid, kv, torch.zeros(4, device=DEV), 0.1)
+    assert first["triton:_block_attn_kernel"] == 1 and sum(first.values()) <= 2, first   # the process's first call
+    # may also allocate the merge counters, once (a graph's warm-up does it before capture); every call after is one launch
     fast = aten_launches(draft_block_attention, q, ctx, valid, kv, torch.zeros(4, device=DEV), 0.1)
     assert fast == {"triton:_block_attn_kernel": 1}, fast
 
