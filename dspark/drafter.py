@@ -106,6 +106,7 @@ class DSparkDrafter(nn.Module):
         self.rope_kernel = None                      # ... the fused q/kv norm + RoPE kernel (`kernels_fused.qkv_rope_insert_`)
         self.attn_kernel = None                      # ... the one-launch block attention (`kernels_draft.draft_block_attention`)
         self.markov_kernel = None                    # ... and the greedy Markov loop in γ + 1 launches (`kernels_draft`)
+        self.window_kernel = None                    # ... the context window's mask in one (`kernels_draft.window_triton`)
 
     @property
     def target(self) -> Transformer: return self._target[0]

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
-from .kernels_draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
+from .kernels_draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, window_triton
 from .kernels_fused import qkv_rope_insert_
 from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from .attention import Attention
@@ -403,7 +403,7 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     if hasattr(model, "rope_kernel"):                      # the DSpark drafter: its block attention and Markov loop
         model.rope_kernel = qkv_rope_insert_
         why = draft_kernels_check(model)                   # chapter 32: on only once they agree on this device
-        if why is None: model.attn_kernel, model.markov_kernel = draft_block_attention, markov_greedy_triton
+        if why is None: model.attn_kernel, model.markov_kernel, model.window_kernel = draft_block_attention, markov_greedy_triton, window_triton
         else: log.warning("DSpark draft kernels off, the drafter keeps its torch path: %s", why)
     else:                                                  # a target: one GEMM for each layer's x projections
         for blk in getattr(model, "layers", []):

@@ -20,7 +20,8 @@ from .drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
 __all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_chunk',
-           'markov_greedy_triton', 'draft_block_attention', 'round_handover_triton', 'draft_kernels_check']
+           'markov_greedy_triton', 'draft_block_attention', 'round_handover_triton', 'window_triton',
+           'draft_kernels_check']
 
 # %% ../nbs/32_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -261,6 +262,31 @@ def round_handover_triton(verified: torch.Tensor, ids: torch.Tensor, first: torc
                   scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)))
     return anchors, P, slots
 
+# %% ../nbs/32_kernels_draft.ipynb #dfb657ae
+@triton.jit
+def _window_kernel(pos_ptr, s_pos, slot_ptr, P_ptr, valid_ptr, complete_ptr, S, w, BLOCK_S: tl.constexpr):
+    "Program i: which of ring `slots[i]`'s `S` places hold positions `[P − w, P)`, and whether all `min(P, w)` do."
+    i = tl.program_id(0)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    P = tl.load(P_ptr + i)
+    j = tl.arange(0, BLOCK_S)
+    inside = j < S
+    pos = tl.load(pos_ptr + slot * s_pos + j, mask=inside, other=-1)
+    ok = inside & (pos >= tl.maximum(P - w, 0)) & (pos < P)
+    tl.store(valid_ptr + i * S + j, ok.to(tl.uint8), mask=inside)
+    tl.store(complete_ptr + i, (tl.sum(ok.to(tl.int32), 0) == tl.minimum(P, w)).to(tl.uint8))
+
+def window_triton(ring_pos: torch.Tensor, slots: torch.Tensor, P: torch.Tensor, w: int):
+    """`speculative.DraftContext.window` in one launch: `(valid [R, S], complete [R])`, bool, for rings `slots` anchored
+    at `P` (`ring_pos`: each ring's positions, −1 where empty)."""
+    R, S = slots.shape[0], ring_pos.shape[1]
+    if ring_pos.stride(1) != 1: raise ValueError("ring_pos must have contiguous rows")
+    valid = torch.empty(R, S, dtype=torch.uint8, device=ring_pos.device)
+    complete = torch.empty(R, dtype=torch.uint8, device=ring_pos.device)
+    if R: _launch(_window_kernel, (R,), ring_pos, ring_pos.stride(0), slots, P, valid, complete, S, w,
+                  BLOCK_S=triton.next_power_of_2(S))
+    return valid.view(torch.bool), complete.view(torch.bool)
+
 # %% ../nbs/32_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()
 def draft_kernels_check(drafter, seed: int = 0) -> str | None:
@@ -307,6 +333,12 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
         ref, fast = round_handover(v_ref, *args), round_handover_triton(v_fast, *args)
         if not (torch.equal(v_ref, v_fast) and all(torch.equal(a, b) for a, b in zip(ref, fast))):
             return f"round handover: accepted {v_fast[-2:].tolist()}, the reference {v_ref[-2:].tolist()}"
+        from dspark.speculative import DraftContext           # (chapter 13 imports the drafter, not this module)
+        ring = DraftContext(drafter, 2, dev)
+        ring.pos[0] = torch.randperm(ring.size, generator=gen).to(dev) - 3      # some places empty (−1 and below)
+        slots, P = z(0, 2, 0), z(ring.w + 2, 5, 0)            # a full window, the scratch ring (empty), no context
+        if not all(torch.equal(a, b) for a, b in zip(ring.window(slots, P), window_triton(ring.pos, slots, P, ring.w))):
+            return "context window mask differs from DraftContext.window"
     except Exception as e:                       # a compiler or launch error on this device: keep the torch path
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None

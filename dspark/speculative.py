@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .drafter import DSparkDrafter
+from .layers import _fast_ok
 from .mtp import MTPDrafter, MTPRing
 from .sampling import STREAMS, RowParams, draft_sample, draw_keyed, on_device, row_probs
 
@@ -52,6 +53,14 @@ class DraftContext:
         S = self.rows.shape[1]
         self.drafter.context_kv_into(feats, positions, self.rows, (slots * S) * self.size + idx)
         self.pos[slots, idx] = positions
+
+    def window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which ring places of `slots` hold the window `[P − w, P)` of each request, `[R, w + γ]`, and whether the
+        window is complete (all `min(P, w)` positions there), `[R]`. Device in, device out (capturable); chapter 32's
+        `window_triton` is the same in one launch."""
+        pos = self.pos[slots]
+        valid = (pos >= (P - self.w).clamp(min=0)[:, None]) & (pos < P[:, None])
+        return valid, valid.sum(-1) == P.clamp(max=self.w)
 
     def gather(self, slot: int, P: int) -> list[torch.Tensor]:
         "Each stage's rows for positions `[P − w, P)` that the ring holds."
@@ -135,22 +144,22 @@ class DSparkProposer:
         """Device in, device out (graph-capturable): greedy drafts `[R, n]`, confidence logits `[R, n]` and whether
         each request's context window is complete `[R]`, for requests in ring `slots` anchored at `P`. Reads the
         rings in place, masking rows outside `[P − w, P)`; writes nothing."""
-        valid = self._window(slots, P)
+        valid, complete = self._window(slots, P)
         drafts, conf = self.drafter.propose_greedy(anchors, P, self.ctx.rows[slots], valid, n)
-        return drafts, conf, valid.sum(-1) == P.clamp(max=self.ctx.w)
+        return drafts, conf, complete
 
-    def _window(self, slots: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        "Which ring places of `slots` hold the window `[P − w, P)` of each request, `[R, w + γ]`."
-        pos = self.ctx.pos[slots]
-        return (pos >= (P - self.ctx.w).clamp(min=0)[:, None]) & (pos < P[:, None])
+    def _window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "`DraftContext.window`, in one launch once the GPU fast path has given the drafter chapter 32's kernel."
+        k = self.drafter.window_kernel
+        return k(self.ctx.pos, slots, P, self.ctx.w) if _fast_ok(k) else self.ctx.window(slots, P)
 
     def draft_rows(self, slots: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams):
         """`draft_tensors` for requests of any sampling settings `rp`: drafts `[R, n]`, confidence logits, context
         complete; the drafts' distributions go to the slots' rows of `q`. Device in, device out (capturable)."""
-        valid = self._window(slots, P)
+        valid, complete = self._window(slots, P)
         drafts, q, conf = self.drafter.propose_rows(anchors, P, self.ctx.rows[slots], valid, n, rp)
         self._keep_q(slots, q)
-        return drafts, conf, valid.sum(-1) == P.clamp(max=self.ctx.w)
+        return drafts, conf, complete
 
     def propose_sampled(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int],
                         params: list, seeds: list[int]) -> list[list[int]]:

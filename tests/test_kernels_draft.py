@@ -143,7 +143,7 @@ def test_kernels_compile_for_hopper():
         w = torch.randn(100, 8)
         markov_greedy_triton(torch.randn(2, 5, 100), torch.randn(2, 5, 16), torch.tensor([1, 2]), w, w, None, 5)
     names = {s[1] for s in sigs}
-    assert names == {"_markov_step_kernel", "_block_attn_kernel", "_handover_kernel"}, names
+    assert names == {"_markov_step_kernel", "_block_attn_kernel", "_handover_kernel", "_window_kernel"}, names
     assert any(s[3].get("k") == 1 for s in sigs) and any(s[3].get("SPLITS") == 1 for s in sigs)
     bad = [s[0], s[1], dict(s[2]), {**s[3], "BLOCK_V": 48}, s[4]] if (s := sigs[-1]) else None
     failed = compile_all(sigs + [bad])
@@ -175,6 +175,27 @@ def test_round_handover_kernel_equals_the_reference(width):
     assert 0 < int(v_ref[N:].sum()) < int(drafts.sum())           # some drafts accepted, not all
     with pytest.raises(ValueError, match="verified must be"):
         round_handover_triton(v_fast[:-1], *args())
+
+
+@pytest.mark.parametrize("w,size", [(6, 11), (64, 69), (5, 5)])
+def test_window_kernel_equals_the_rings_mask(w, size):
+    "The context window's mask and completeness from the kernel and from `DraftContext.window`'s torch."
+    from dspark.kernels_draft import window_triton
+    rings = torch.full((5, size), -1, dtype=torch.long)
+    for r, top in enumerate((3 * size // 2 + 1, 2 * size + 3, 2, size)):   # ring 4 stays empty (the scratch ring)
+        held = torch.arange(max(0, top - size), top)
+        rings[r, held % size] = held
+    rings[1, (2 * size + 1) % size] = -1                         # a hole two below ring 1's anchor: incomplete
+    slots = torch.tensor([0, 1, 2, 3, 4, 0, 3])
+    P = torch.stack([rings[s].max() + 1 for s in slots.tolist()]).clamp(min=0)
+    P[5], P[6] = 0, max(0, int(P[6]) - 2)                        # no context yet; an anchor two places back
+    pos, slots, P = rings.to(DEV), slots.to(DEV), P.to(DEV)
+    valid = (pos[slots] >= (P - w).clamp(min=0)[:, None]) & (pos[slots] < P[:, None])
+    ref = valid, valid.sum(-1) == P.clamp(max=w)
+    fast = window_triton(pos, slots, P, w)
+    for a, b in zip(fast, ref): assert a.dtype == torch.bool and torch.equal(a, b), (a, b)
+    assert ref[1].any() and not ref[1].all()
+    assert window_triton(pos, slots[:0], P[:0], w)[0].shape == (0, size)
 
 
 def test_context_rows_with_the_fused_kernel(tiny_ckpt):
