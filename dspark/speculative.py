@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from .drafter import DSparkDrafter
-from .layers import _fast_ok
 from .mtp import MTPDrafter, MTPRing
 from .sampling import STREAMS, RowParams, draft_sample, draw_keyed, on_device, row_probs
 
@@ -149,9 +148,11 @@ class DSparkProposer:
         return drafts, conf, complete
 
     def _window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "`DraftContext.window`, in one launch once the GPU fast path has given the drafter chapter 32's kernel."
+        """`DraftContext.window`, in one launch once the GPU fast path has given the drafter chapter 32's kernel. Not
+        gated on `_fast_ok`: integer work with no gradient and no batch dependence, and the graphs capture this step
+        with gradients on (the drafter's own methods turn them off), where that gate kept the torch path."""
         k = self.drafter.window_kernel
-        return k(self.ctx.pos, slots, P, self.ctx.w) if _fast_ok(k) else self.ctx.window(slots, P)
+        return k(self.ctx.pos, slots, P, self.ctx.w) if k is not None else self.ctx.window(slots, P)
 
     def draft_rows(self, slots: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams):
         """`draft_tensors` for requests of any sampling settings `rp`: drafts `[R, n]`, confidence logits, context

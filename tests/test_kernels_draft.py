@@ -198,6 +198,24 @@ def test_window_kernel_equals_the_rings_mask(w, size):
     assert window_triton(pos, slots[:0], P[:0], w)[0].shape == (0, size)
 
 
+def test_the_draft_step_masks_its_window_in_one_launch(tiny_ckpt):
+    """`DSparkProposer.draft_tensors` with the window kernel set (as `graphs.fast_path` sets it) launches it once and
+    no torch mask, with gradients on as when the graphs capture it, and drafts as without it."""
+    from dspark.kernels_draft import window_triton
+    from dspark.speculative import DSparkProposer
+    target = dspark.load_target(tiny_ckpt, device=DEV)
+    pr = DSparkProposer(load_drafter(tiny_ckpt, target), 2, DEV)
+    pr.ctx.pos[0, :5] = torch.arange(5)
+    slots, anchors, P = torch.tensor([0, 2], device=DEV), torch.tensor([3, 4], device=DEV), torch.tensor([5, 0], device=DEV)
+    ref = pr.draft_tensors(slots, anchors, P, 3)
+    pr.drafter.window_kernel = window_triton
+    with torch.enable_grad():
+        fast = pr.draft_tensors(slots, anchors, P, 3)
+        launches = aten_launches(pr._window, slots, P)
+    assert all(torch.equal(a, b) for a, b in zip(fast, ref)) and ref[2].tolist() == [True, True]
+    assert launches == {"triton:_window_kernel": 1}, launches                  # no torch mask beside it
+
+
 def test_context_rows_with_the_fused_kernel(tiny_ckpt):
     "A step's drafter context rows, written into the rings by the fused norm + RoPE kernel, equal the torch path's."
     from dspark.kernels_fused import qkv_rope_insert_
