@@ -144,9 +144,8 @@ class DSparkDrafter(nn.Module):
         none = main_x.new_empty(main_x.shape[0], 0, self.cfg.head_dim)    # no query heads: the kernel's K=V row only
         angles = {}
         for s, st in enumerate(self.mtp):
-            inv = st.attn.inv_freq.to(feats.device)
-            if id(inv) not in angles: angles[id(inv)] = rope_cos_sin(inv, positions)
-            self.rope_kernel(none, *angles[id(inv)], self.cfg.rms_norm_eps, st.attn.wkv(main_x), st.attn.kv_norm.weight,
+            if st.attn.kind not in angles: angles[st.attn.kind] = rope_cos_sin(st.attn.inv_freq.to(feats.device), positions)
+            self.rope_kernel(none, *angles[st.attn.kind], self.cfg.rms_norm_eps, st.attn.wkv(main_x), st.attn.kv_norm.weight,
                              ring.view(-1, ring.shape[-1]), at + s * ring.shape[2])
 
     def block_forward(self, anchor: int, P: int, ctx: list[torch.Tensor]) -> torch.Tensor:
@@ -166,13 +165,13 @@ class DSparkDrafter(nn.Module):
         pos = P[:, None] + torch.arange(g, device=dev)
         attend = self.attn_kernel if _fast_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
         pre, post_fn, head = self.mhc
-        angles = {}                                                             # cos/sin per RoPE table, once per block
+        angles = {}   # cos/sin per RoPE table, once per block: an attention's kind fixes its table (`rope_inv_freq`);
+                      # each stage holds its own copy of it, so the copies' ids never matched (4 launches a stage)
         for s, st in enumerate(self.mtp):
             y, post, comb = pre(x, *st.site("attn"), cfg)
             y = st.attn_norm(y)
-            inv = st.attn.inv_freq.to(dev)
-            if id(inv) not in angles: angles[id(inv)] = rope_cos_sin(inv, pos)
-            cos, sin = angles[id(inv)]
+            if st.attn.kind not in angles: angles[st.attn.kind] = rope_cos_sin(st.attn.inv_freq.to(dev), pos)
+            cos, sin = angles[st.attn.kind]
             q, kv = self._qkv(st.attn, y, cos, sin)
             o = attend(q, rows[:, s], valid, kv, st.attn.attn_sink, cfg.head_dim ** -0.5)
             x = post_fn(self._output(st.attn, o, cos, sin, y.dtype), x, post, comb)

@@ -202,3 +202,16 @@ def test_renamed_markov_keys_load(tiny_ckpt, tmp_path):
     t = dspark.load_target(tiny_ckpt)
     a, b = D.load_drafter(tiny_ckpt, t), D.load_drafter(alt, t)
     torch.testing.assert_close(a.last.markov_head.markov_w2.weight, b.last.markov_head.markov_w2.weight)
+
+
+def test_block_rope_angles_once_per_table():
+    "The embedded drafter's two stages share one RoPE table: a block computes its cos/sin once, not once a stage."
+    from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.kernels_hc import aten_launches
+    drafter = D.load_drafter(DEFAULT_MODEL, dspark.load_target(DEFAULT_MODEL, device="cpu"))
+    assert len(drafter.mtp) == 2 and len({st.attn.kind for st in drafter.mtp}) == 1
+    n = drafter.cfg.sliding_window + drafter.block_size
+    rows = torch.randn(2, 2, n, drafter.cfg.head_dim)
+    with torch.no_grad():
+        ops = aten_launches(drafter.block_hidden, torch.tensor([3, 4]), torch.tensor([5, 9]), rows, torch.ones(2, n, dtype=torch.bool))
+    assert ops["cos"] == ops["sin"] == 1, ops
