@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
 from .kernels_draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, window_triton
+from .kernels_moe import SMALL_MOE_PAIRS, small_moe_check, small_moe_triton
 from .kernels_fused import qkv_rope_insert_
 from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from .attention import Attention
@@ -395,6 +396,13 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
     set_moe_impl(model, "grouped" if grouped else "dense")
     if not w.is_cuda: return hc_pre, hc_post, hc_head
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    if moes:                                               # a few dozen pairs: two launches, not ~16 (chapter 33)
+        inter, dim = moes[0].experts[0].w1.weight.shape
+        why = small_moe_check(w.device, w.dtype, dim=dim, inter=inter)   # on only once it agrees on this device
+        if why is None:
+            for m in moes: m.small, m.small_pairs = small_moe_triton, SMALL_MOE_PAIRS
+        else: log.warning("small-batch MoE kernel off, the %s path stays: %s", "grouped" if grouped else "dense", why)
     for m in model.modules():                              # one-launch norms and routers (chapter 27)
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused

@@ -263,6 +263,7 @@ class MoE(nn.Module):
 
     first = 0       # global id of `experts[0]`: an expert-parallel shard holds experts [first, first + len(experts))
     impl = "loop"   # the routed path: "loop" (this reference), or the sync-free "grouped" / "dense" (next section)
+    small, small_pairs = None, 0   # the GPU fast path's two-launch kernel for up to `small_pairs` (token, expert) pairs
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         return self.partial(x, input_ids, x.dtype).reshape(x.shape)
@@ -408,6 +409,8 @@ def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: tor
     st: StackedExperts | None = moe.__dict__.get("_stacked")
     if st is None or st.w13.shape[0] != len(moe.experts) or st.ptrs != _ends(moe.experts): st = stack_experts(moe)
     ex = moe.experts[0]
+    if moe.small is not None and idx.numel() <= moe.small_pairs:   # a decode step or a draft block (chapter 33)
+        return moe.small(x, weights, idx, st.w13, st.w2, moe.first, ex.limit)
     if moe.impl == "grouped":
         return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if _fast_ok(ex.fast) else None,
                                whole=moe.first == 0 and len(moe.experts) == moe.gate.cfg.n_routed_experts)
