@@ -128,6 +128,8 @@ def test_moe_layer_takes_the_kernel_for_small_steps():
     torch.manual_seed(0)
     cfg = preset("tiny", num_experts_per_tok=2)
     moe = MoE(cfg, layer_id=cfg.num_hidden_layers - 1).to(DEV)          # the last layer: routed by score, not hash
+    with torch.no_grad():                                               # the module is built empty (a checkpoint fills it)
+        for prm in moe.parameters(): prm.normal_(0, 0.1)
     set_moe_impl(moe, "dense")
     D = cfg.hidden_size
     x = torch.randn(5, D, device=DEV)
