@@ -129,8 +129,6 @@ class ModelRunner:
         if self.round_ahead is not None and self.round_ahead.pending is not None:   # chapter 31: a round launched ahead
             rd = self.round_ahead.take(batch)   # before anything below: a pageable copy of the ids would wait for it
             if rd is not None: return self._finish(batch, *self._verify_round(self.forward.rounds, batch, None, None, rd))
-        apart = self._admit_apart(batch)
-        if apart is not None: return apart
         flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
@@ -161,27 +159,6 @@ class ModelRunner:
             else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
         if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
-
-    def _admit_apart(self, batch: list[tuple[Request, int]]):
-        """A greedy DSpark step in which arrivals' prompts meet requests that only verify drafts, run as two: the
-        arrivals' prefill (their first token and drafts) on its own, then everyone else as one fused round (chapter
-        28), instead of one token-count step over all of them and a separate draft step for everyone. Under a
-        steady load arrivals come one or two at a time, as requests finish: about half of DSpark's steps at 64
-        requests were such mixed steps, each at ~2.4x a round (`bench_results/steady_anatomy.json`). Only while
-        capacity control is not pruning (its lagged budget counts decisions, one a step). None: not such a step."""
-        rounds = getattr(self.forward, "rounds", None)
-        if rounds is None or self._plain() or (self.capacity is not None and self.capacity.stats.active): return None
-        known = [r.num_tokens - r.num_computed for r, _ in batch]
-        verify = [b for b, k in zip(batch, known) if k == 1]
-        if not verify or len(verify) == len(batch): return None
-        if not all(r.params.greedy and r.params.logprobs is None for r, _ in batch): return None
-        seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, _ in verify]
-        if not rounds.fits_lens([n for _, n in verify], seqs, [1] * len(verify)): return None
-        out, logprobs = self.execute([b for b, k in zip(batch, known) if k != 1])
-        ahead, self.round_ahead = self.round_ahead, None   # the next step has the arrivals too: launch nothing ahead
-        try: out2, _ = self.execute(verify)
-        finally: self.round_ahead = ahead
-        return out | out2, logprobs
 
     def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
         """Rejection sampling for every verifying request of a step at once, on the device (chapter 12's

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from .graphs import GraphRunner, bucket_sizes, fill_layout, forward_static
-from .layers import is_batch_invariant
 from .kernels_draft import round_handover_triton
 
 # %% auto #0
@@ -151,17 +150,12 @@ class RoundGraphs:
         most γ drafts, and the step fits the runner's graphs. `compact` (capacity control pruned this step's
         drafts): only if the round graph is no larger than the token-count graph the step would replay otherwise,
         so pruned drafts stay pruned."""
-        return self.fits_lens([c.shape[0] for c in chunks], seqs, known, compact)
-
-    def fits_lens(self, lens: list[int], seqs, known: list[int], compact: bool = False) -> bool:
-        "`fits` given each request's token count (the engine asks before it splits a step, chapter 31)."
-        R, g = len(lens), self.g
+        R = len(chunks)
         b = self.bucket(R)
         if b is None or not self.graphs or any(k != 1 for k in known) or self.width > self.pr.ctx.w: return False
-        if is_batch_invariant() or not g.graphs or g.finals or g.graphs_for_lens(lens, seqs) is not g.graphs:
-            return False                                    # not a decode/verify step
-        N = sum(lens)
-        return not compact or self.rows(R) <= next(s for s in g.sizes if s >= N)
+        if self.g._graphs_for(chunks, seqs, self.g.taps, None) is not self.g.graphs: return False   # a decode/verify step
+        N = sum(c.shape[0] for c in chunks)
+        return not compact or self.rows(R) <= next(s for s in self.g.sizes if s >= N)
 
     def __call__(self, chunks: list[torch.Tensor], seqs) -> Round:
         """Replay the round for these requests (each chunk: anchor then drafts) and read back the verification; the

@@ -97,32 +97,6 @@ def test_fused_rounds_match_the_eager_engine(reference_kernels):
     assert [llm.pop_output(ids[i]).outputs[0].token_ids for i in (0, 2)] == [outs[0][0], outs[0][2]]
 
 
-def test_arrivals_prefill_apart_from_the_round(reference_kernels):
-    """A steady load: four requests, at most two running, so arrivals' prompts meet a request that verifies drafts.
-    Such a step runs as the arrival's prefill, then a fused round for the other (`ModelRunner._admit_apart`); the
-    tokens equal the eager DSpark engine's and non-speculative decoding's."""
-    from dspark.capacity_control import sweep_prompts
-    from dspark.checkpoint import DEFAULT_MODEL
-    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 35))]
-    sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (6, 20, 14, 11)]
-    outs, apart = [], []
-    for mode in ("none", "eager", "fused"):
-        llm = dspark.LLM(DEFAULT_MODEL, speculative=None if mode == "none" else "dspark", max_num_seqs=2,
-                         max_model_len=128, kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
-        if mode == "fused":
-            rounds, split = emulate_rounds(llm), llm.runner._admit_apart
-            def spy(batch, split=split):
-                got = split(batch)
-                apart.append(got is not None)
-                return got
-            llm.runner._admit_apart = spy
-        ids = [llm.add_request(p, q) for p, q in zip(prompts, sp)]
-        while llm.has_unfinished_requests(): llm.step()
-        outs.append([llm.pop_output(i).outputs[0].token_ids for i in ids])
-    assert outs[0] == outs[1] == outs[2] and [len(t) for t in outs[2]] == [6, 20, 14, 11]
-    assert sum(apart) >= 2 and rounds.replays > 3                # both arrivals came apart from a round
-
-
 def test_when_a_step_runs_as_a_round(tiny_ckpt):
     llm = dspark.LLM(tiny_ckpt, speculative="dspark", max_num_seqs=4, max_model_len=96, kv_cache_memory_bytes=16 * 2**20)
     r, pr = llm.runner, llm.runner.proposer
