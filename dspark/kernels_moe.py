@@ -92,7 +92,7 @@ def _small_moe_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2e, s2r, y_ptr, 
     tl.store(y_ptr + n * D + d, y, mask=dm)
 
 # %% ../nbs/33_kernels_moe.ipynb #a8c2198c
-SMALL_MOE_PAIRS = 64      # the most (token, expert) pairs it is meant for: a guess, to be measured on the H200
+SMALL_MOE_PAIRS = 64      # the most (token, expert) pairs it is meant for: a guess, not yet measured (see the end)
 _ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _UP_TILE = (32, 128)      # (BLOCK_I, BLOCK_D) of the up launch: a first choice, not tuned
 _DOWN_TILE = (32, 128)    # (BLOCK_D, BLOCK_I) of the down launch
