@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .kernels_attention import BatchMeta, indexer_topk, sparse_attention
 from .kernels_draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, window_triton
-from .kernels_moe import SMALL_MOE_PAIRS, small_moe_check, small_moe_triton
+from .kernels_moe import small_moe_check, small_moe_pairs, small_moe_triton
 from .kernels_fused import qkv_rope_insert_
 from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from .attention import Attention
@@ -400,9 +400,10 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     if moes:                                               # a few dozen pairs: two launches, not ~16 (chapter 33)
         inter, dim = moes[0].experts[0].w1.weight.shape
         why = small_moe_check(w.device, w.dtype, dim=dim, inter=inter)   # on only once it agrees on this device
-        if why is None:
-            for m in moes: m.small, m.small_pairs = small_moe_triton, SMALL_MOE_PAIRS
-        else: log.warning("small-batch MoE kernel off, the %s path stays: %s", "grouped" if grouped else "dense", why)
+        pairs = small_moe_pairs(moes[0]) if why is None else 0           # ... and up to the pairs where it is faster
+        for m in moes: m.small, m.small_pairs = (small_moe_triton, pairs) if pairs else (None, 0)
+        if why: log.warning("small-batch MoE kernel off, the %s path stays: %s", "grouped" if grouped else "dense", why)
+        else: log.info("small-batch MoE kernel for steps of up to %d token-expert pairs (timed on this device)", pairs)
     for m in model.modules():                              # one-launch norms and routers (chapter 27)
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused

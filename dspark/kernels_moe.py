@@ -19,7 +19,7 @@ import triton.language as tl
 from .layers import StackedExperts, dense_experts
 
 # %% auto #0
-__all__ = ['SMALL_MOE_PAIRS', 'small_moe_triton', 'small_moe_check']
+__all__ = ['SMALL_MOE_PAIRS', 'small_moe_triton', 'small_moe_check', 'small_moe_pairs']
 
 # %% ../nbs/33_kernels_moe.ipynb #76aad203
 @triton.jit
@@ -92,7 +92,7 @@ def _small_moe_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2e, s2r, y_ptr, 
     tl.store(y_ptr + n * D + d, y, mask=dm)
 
 # %% ../nbs/33_kernels_moe.ipynb #a8c2198c
-SMALL_MOE_PAIRS = 64      # the most (token, expert) pairs it is meant for: a guess, not yet measured (see the end)
+SMALL_MOE_PAIRS = 256     # the most (token, expert) pairs `small_moe_pairs` tries the kernel at (timed, below)
 _ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _UP_TILE = (32, 128)      # (BLOCK_I, BLOCK_D) of the up launch: a first choice, not tuned
 _DOWN_TILE = (32, 128)    # (BLOCK_D, BLOCK_I) of the down launch
@@ -168,3 +168,38 @@ def small_moe_check(device: str | torch.device, dtype: torch.dtype, dim: int = 7
     except Exception as e:                          # a compiler or launch error on this device: keep the grouped path
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None
+
+# %% ../nbs/33_kernels_moe.ipynb #a18e7f7f
+def _graph_us(fn, calls: int = 10) -> float:
+    "Device µs per call of `fn`, captured `calls` times in a CUDA graph (no host launch cost in it) and replayed."
+    from dspark.graphs import replay_ms
+    for _ in range(2): fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls): fn()
+    return 1000 * replay_ms(g.replay, 5) / calls
+
+@torch.no_grad()
+def small_moe_pairs(moe, most: int = SMALL_MOE_PAIRS, timer=None) -> int:
+    """The most (token, expert) pairs up to which `small_moe_triton` beats `moe`'s own sync-free path, timed on this
+    device on the layer's own stacks at 1, 2, 4, … tokens (`timer(fn)`: µs a call; a captured graph by default): the
+    count before the first where it loses, 0 if it loses at one token."""
+    from dspark.layers import stack_experts
+    timer, saved, moe.small = timer or _graph_us, moe.small, None     # the layer's own path, not this kernel
+    try: return _pairs_won(moe, most, timer, stack_experts(moe), moe.gate.cfg.num_experts_per_tok)
+    finally: moe.small = saved
+
+def _pairs_won(moe, most: int, timer, st, k: int) -> int:
+    from dspark.layers import _routed_sync_free
+    (E, D), dev, dt = st.w2.shape[:2], st.w2.device, st.w2.dtype
+    gen = torch.Generator().manual_seed(0)
+    best, n = 0, 1
+    while n * k <= most:
+        x = torch.randn(n, D, generator=gen).to(dev, dt)
+        idx = (torch.rand(n, E, generator=gen).argsort(-1)[:, :k] + moe.first).to(dev)   # k distinct experts a token
+        w = torch.rand(n, k, generator=gen).to(dev)
+        small = timer(lambda: small_moe_triton(x, w, idx, st.w13, st.w2, moe.first, moe.experts[0].limit))
+        if small >= timer(lambda: _routed_sync_free(moe, x, w, idx)): break
+        best, n = n * k, 2 * n
+    return best

@@ -141,3 +141,31 @@ def test_moe_layer_takes_the_kernel_for_small_steps():
     assert torch.allclose(got, ref, atol=1e-4), (got - ref).abs().max()
     assert ops["triton:_small_moe_up_kernel"] == ops["triton:_small_moe_down_kernel"] == 1, ops
     assert not any(k.startswith("triton:_small_moe") for k in big), big
+
+
+def test_small_moe_pairs_keeps_the_counts_where_the_kernel_wins():
+    """`small_moe_pairs` times the kernel against the layer's own path at 1, 2, 4, … tokens and keeps the pair counts
+    before the first loss (the timer stands in for the device's graphs; the calls are real)."""
+    from dspark.config import preset
+    from dspark.kernels_moe import small_moe_pairs
+    from dspark.layers import MoE, set_moe_impl
+    cfg = preset("tiny", num_experts_per_tok=2)
+    moe = MoE(cfg, layer_id=cfg.num_hidden_layers - 1).to(DEV)
+    with torch.no_grad():
+        for prm in moe.parameters(): prm.normal_(0, 0.1)
+    set_moe_impl(moe, "dense")
+    moe.small, moe.small_pairs = small_moe_triton, 99          # set already: the reference timed must still be the layer's
+    def timer_of(costs):
+        seen = []
+        def timer(fn):
+            ops = aten_launches(fn)
+            seen.append(ops["triton:_small_moe_up_kernel"] == 1)
+            return costs[len(seen) - 1]
+        return timer, seen
+    timer, seen = timer_of([1, 2, 1, 2, 1, 2, 5, 2])          # wins at 1, 2 and 4 tokens, loses at 8
+    assert small_moe_pairs(moe, timer=timer) == 8 and seen == [True, False] * 4
+    timer, _ = timer_of([3, 2])                                 # loses at one token: never
+    assert small_moe_pairs(moe, timer=timer) == 0
+    timer, seen = timer_of([1, 2] * 10)                         # wins everywhere: up to the bound
+    assert small_moe_pairs(moe, most=16, timer=timer) == 16 and len(seen) == 8
+    assert moe.small is small_moe_triton
