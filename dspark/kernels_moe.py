@@ -16,24 +16,13 @@ from .kernels_hc import _launch
 import triton
 import triton.language as tl
 
+from .kernels_draft import _ROUND, _round_fp32   # the reference's roundings, as chapter 32 applies them
 from .layers import StackedExperts, dense_experts
 
 # %% auto #0
 __all__ = ['SMALL_MOE_PAIRS', 'small_moe_triton', 'small_moe_check', 'small_moe_pairs']
 
 # %% ../nbs/33_kernels_moe.ipynb #76aad203
-@triton.jit
-def _round_to(v, TO: tl.constexpr):
-    """fp32 `v` rounded to the activations' dtype and back (`TO`: 0 fp32, 1 bf16, 2 fp16), to nearest even: what
-    a GEMM in that dtype writes. bf16 by bit arithmetic, which the interpreter rounds as the GPU does (a cast there
-    truncates)."""
-    if TO == 1:
-        b = v.to(tl.uint32, bitcast=True)
-        v = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    elif TO == 2:
-        v = v.to(tl.float16).to(tl.float32)
-    return v
-
 @triton.jit
 def _small_moe_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13e, s13r, h_ptr, K, D, I,
                          E, first, limit, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, TO: tl.constexpr):
@@ -59,10 +48,10 @@ def _small_moe_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w
         m = im[:, None] & dm[None, :]
         gate += tl.sum(tl.load(gate_rows + d[None, :], mask=m, other=0.0).to(tl.float32) * xv[None, :], 1)
         up += tl.sum(tl.load(up_rows + d[None, :], mask=m, other=0.0).to(tl.float32) * xv[None, :], 1)
-    gate = tl.minimum(_round_to(gate, TO), limit, propagate_nan=tl.PropagateNan.ALL)   # NaN stays, as torch.clamp
-    up = tl.clamp(_round_to(up, TO), -limit, limit, propagate_nan=tl.PropagateNan.ALL)
+    gate = tl.minimum(_round_fp32(gate, TO), limit, propagate_nan=tl.PropagateNan.ALL)   # NaN stays, as torch.clamp
+    up = tl.clamp(_round_fp32(up, TO), -limit, limit, propagate_nan=tl.PropagateNan.ALL)
     act = gate / (1.0 + tl.exp(-gate)) * up * wt    # silu(gate) · up · weight, the reference's order
-    act = tl.where(inside, _round_to(act, TO), 0.0)  # where, not a product: a NaN weight of another rank stays out
+    act = tl.where(inside, _round_fp32(act, TO), 0.0)  # where, not a product: a NaN weight of another rank stays out
     tl.store(h_ptr + p * I + i, act.to(h_ptr.dtype.element_ty), mask=i < I)
 
 @triton.jit
@@ -88,12 +77,11 @@ def _small_moe_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2e, s2r, y_ptr, 
             hv = tl.load(h_ptr + (n * K + j) * I + i, mask=im, other=0.0).to(tl.float32)
             w = tl.load(rows + i[None, :], mask=dm[:, None] & im[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(w * hv[None, :], 1)
-        y += tl.where(inside, _round_to(acc, TO), 0.0)
+        y += tl.where(inside, _round_fp32(acc, TO), 0.0)
     tl.store(y_ptr + n * D + d, y, mask=dm)
 
 # %% ../nbs/33_kernels_moe.ipynb #a8c2198c
 SMALL_MOE_PAIRS = 256     # the most (token, expert) pairs `small_moe_pairs` tries the kernel at (timed, below)
-_ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _UP_TILE = (32, 128)      # (BLOCK_I, BLOCK_D) of the up launch: a first choice, not tuned
 _DOWN_TILE = (32, 128)    # (BLOCK_D, BLOCK_I) of the down launch
 
