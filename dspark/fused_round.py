@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import GraphRunner, bucket_sizes, fill_layout, forward_static
+from .graphs import GraphRunner, StepBuffers, bucket_sizes, fill_layout, forward_static, tables_sent
 from .kernels_draft import round_handover_triton
 
 # %% auto #0
-__all__ = ['greedy_accept', 'round_handover', 'RoundOutputs', 'Round', 'RoundGraphs']
+__all__ = ['greedy_accept', 'round_handover', 'RoundOutputs', 'Round', 'RoundGraphs', 'advance_layout']
 
 # %% ../nbs/28_fused_round.ipynb #6296d859
 def greedy_accept(top: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
@@ -81,7 +81,8 @@ class RoundGraphs:
         self.first, self.drafts = runner.buf.first, runner.buf.drafts   # laid out and sent with the step's rows
         self.sizes = bucket_sizes(max_seqs)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, RoundOutputs]] = {}
-        self.replays, self.graph_bytes = 0, 0
+        self.advances: dict[int, torch.cuda.CUDAGraph] = {}   # per bucket, `advance_layout` of its round's outputs
+        self.replays, self.advanced, self.graph_bytes = 0, 0, 0
         self.host = self.events = None                 # pinned copies of the outputs, written inside the graphs
         self.snaps, self.turn = None, 0                # two more for the drafts, copied behind a round (`snapshot`)
         self.early = None                              # (handle, fetch) of the last launch's copy of its drafts
@@ -132,6 +133,12 @@ class RoundGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.g.pool): out = self.run(R)
             self.graphs[R] = (graph, out)
+        with torch.cuda.stream(side):                  # on padding rows `advance_layout` changes nothing
+            for R in self.sizes: self._pad_only(R); self._advance(R)
+        torch.cuda.current_stream().wait_stream(side)
+        for R in self.sizes:
+            self.advances[R] = graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.g.pool): self._advance(R)
         self.graph_bytes = free0 - _free_bytes()
 
     def _pad_only(self, R: int) -> None:
@@ -170,12 +177,37 @@ class RoundGraphs:
         b = self.bucket(R)
         n = b * self.width
         fill_layout(self.g.buf, lens, seqs, n, self.g.cache.scratch_slot, ids)   # `first` and `drafts` too
-        starts = list(itertools.accumulate(lens, initial=0))[:R]
+        return self._replay(R, b, n, list(lens))
+
+    def can_advance(self, handle: tuple, lens: list[int], seqs) -> bool:
+        """Whether the round after `handle`, for the same requests in the same order (`seqs`: at their new anchors,
+        `lens[i]` rows each), can be laid out on the device (`advance`): the step buffers still hold `handle`'s layout,
+        every request has a full width of rows in both rounds, and the device holds these block tables already."""
+        return (self.g.buf.laid is handle and len(seqs) == handle[1] and all(m == self.width for m in handle[5])
+                and all(m == self.width for m in lens) and tables_sent(self.g.buf, seqs))
+
+    def advance(self, handle: tuple) -> tuple:
+        """Launch the round after `handle` (see `can_advance`), its layout moved on by `advance_layout` on the device
+        and its token ids each request's `following`: the host lays nothing out and copies nothing in."""
+        out, R, b, n, starts, lens = handle
+        if b in self.advances: self.advances[b].replay()
+        else: self._advance(b)
+        self.advanced += 1
+        return self._replay(R, b, n, lens)
+
+    def _advance(self, b: int) -> None:
+        "The work of bucket `b`'s advance graph: its round's acceptance and `following` move the step buffers' rows on."
+        n, out = b * self.width, self.graphs[b][1]
+        advance_layout(self.g.buf, out.verified[n:n + b], out.following.view(b, self.K + 1), n, self.width)
+
+    def _replay(self, R: int, b: int, n: int, lens: list[int]) -> tuple:
+        "Replay bucket `b`'s round on the laid-out rows; returns the launch's handle."
         graph, out = self.graphs[b]
         graph.replay()
         self.replays += 1
         self.g.wrote_context = True                         # the step wrote the drafter's context rows itself
-        handle = (out, R, b, n, starts, list(lens))
+        handle = (out, R, b, n, list(itertools.accumulate(lens, initial=0))[:R], lens)
+        self.g.buf.laid = handle
         # the drafts' copy, queued now behind the round while the host waits for its verification anyway: chapter 31
         # launches the next round as soon as that is read, and this copy was ~80 µs of host time on that path
         self.early = (handle, self.snapshot(handle, conf=True))
@@ -220,3 +252,21 @@ class RoundGraphs:
         v = drafted[:b * (1 + self.K)].tolist()
         conf = [None] * R if conf is None else conf.reshape(-1)[:R * self.K].view(R, self.K).clone().cpu()
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf
+
+# %% ../nbs/28_fused_round.ipynb #88c94afb
+def advance_layout(buf: StepBuffers, accepted: torch.Tensor, following: torch.Tensor, n: int, width: int) -> None:
+    """Lay out the next round of the requests whose round fills the step buffers' first `n` rows (`width` rows each),
+    on the device: each request's rows move on by its accepted drafts + 1 (`accepted [n / width]`, the round's
+    output), their window slots are looked up again in the block tables the device holds, and their token ids are
+    `following [n / width, ≥ width]`'s (each request's next anchor and drafts). Padding rows stay as they are. This is
+    what `fill_layout` writes for those requests at their new positions, without the host (fixed shapes, capturable)."""
+    p, bs = buf.packed[:n], buf.block_size
+    live = p[:, 0] >= 0
+    req = p[:, 0].clamp(min=0)
+    shift = torch.where(live, accepted[req] + 1, 0)
+    pos = p[:, 1] + shift
+    blk = buf.window_tables[req, pos.clamp(min=0) // bs].long()
+    p[:, 2] = torch.where(live & (pos >= p[:, 5]), blk * bs + pos % bs, -1)
+    p[:, 1] = pos
+    p[:, 4] += shift
+    p[:, 6] = torch.where(live, following[:, :width].reshape(-1), p[:, 6])

@@ -36,10 +36,11 @@ from .sampling import RowParams, _signed64
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'fill_buffers', 'fill_layout', 'compress_tokens',
-           'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static',
-           'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'replay_ms', 'Rows',
-           'GraphRunner', 'capture_buckets', 'DraftGraphs', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+__all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'tables_sent', 'fill_buffers', 'fill_layout',
+           'compress_tokens', 'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections',
+           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
+           'fast_path', 'replay_ms', 'Rows', 'GraphRunner', 'capture_buckets', 'DraftGraphs', 'MemoryProfile',
+           'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -88,6 +89,8 @@ class StepBuffers:
     sent_tables: tuple | None = None     # the block tables the device holds (rows 0..): unchanged ones are not resent
     first: torch.Tensor | None = None    # [R] int64 request i's first token row (rows past the step's requests: 0)
     drafts: torch.Tensor | None = None   # [R] int64 its tokens after the first (a verify step's drafts)
+    laid: object = None          # the DSpark round whose layout the device rows hold, if the last step laid out was one
+                                 # (chapter 28's `advance_layout` moves it on without the host); None after any other
 
     @classmethod
     def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":
@@ -147,6 +150,12 @@ def _token_rows_np(seqs: list[SeqView], lens: list[int], k: int, bs: int, wt: np
     ring = np.repeat(np.fromiter((s.slot for s in seqs), np.int64, R), lens)
     return np.stack([req, pos, slots, ring, last, pooled[req]], 1)
 
+def tables_sent(buf: StepBuffers, seqs: list[SeqView]) -> bool:
+    "Whether the device already holds these requests' block tables in rows `0..` (a step need not resend them)."
+    sent = buf.sent_tables
+    return sent is not None and len(sent[0]) >= len(seqs) and all(
+        w == s.window_table and t == s.table for w, t, s in zip(sent[0], sent[1], seqs))
+
 def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
     """Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding. A
     resumed prefix's positions below `pooled_upto` write no window rows (those blocks are cached, maybe shared)."""
@@ -163,11 +172,11 @@ def fill_layout(buf: StepBuffers, lens: list[int], seqs: list[SeqView], n: int, 
     (a request's tables grow once a block, not once a step)."""
     st, bs = buf.stage, buf.block_size
     st.wait()
+    buf.laid = None
     h, R = st.np, len(seqs)
     k = sum(lens)
     tabs = ([s.window_table for s in seqs], [s.table for s in seqs])
-    sent = buf.sent_tables
-    fresh = sent is None or len(sent[0]) < R or any(a != b for old, new in zip(sent, tabs) for a, b in zip(old, new))
+    fresh = not tables_sent(buf, seqs)
     if fresh:
         buf.sent_tables = None                          # the host rows no longer match the device until they are sent
         for name, tab in zip(("window_tables", "tables"), tabs):
@@ -515,7 +524,7 @@ class GraphRunner:
 
     def _pad_only(self, n: int) -> None:
         "The first `n` rows padding (what a capture or warm-up runs on), staged as a step's rows are, then unpacked."
-        p = self.buf.packed[:n]
+        p, self.buf.laid = self.buf.packed[:n], None
         p[:, :3].fill_(-1); p[:, 3].fill_(self.cache.scratch_slot); p[:, 4].fill_(-1); p[:, 5:].zero_()
         self.buf.unpack(n)
 

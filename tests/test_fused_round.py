@@ -118,3 +118,37 @@ def test_when_a_step_runs_as_a_round(tiny_ckpt):
     assert rounds.fits([c(w)] * 3 + [c(3)], [view(10)] * 4, [1] * 4, compact=True)     # 21 tokens: 24 either way
     with dspark.batch_invariant():
         assert not rounds.fits([c(w)], [view(10)], [1])
+
+
+def test_advance_layout_is_what_fill_layout_writes_at_the_new_positions():
+    """The next round laid out on the device (chapter 28's `advance_layout`) against the host's `fill_layout` of the
+    same requests at their new anchors: random buckets, positions that cross block boundaries, each request accepting
+    none to all of its drafts, padding requests left padding, resumed prefixes' `pooled_upto` kept."""
+    from dspark.fused_round import advance_layout
+    from dspark.graphs import StepBuffers, fill_layout
+    g = torch.Generator().manual_seed(3)
+    rand = lambda hi, n=None: torch.randint(0, hi, (n,) if n else (1,), generator=g).tolist() if n else int(torch.randint(0, hi, (1,), generator=g))
+    crossed = 0
+    for trial in range(60):
+        width, bs, gamma = 1 + rand(5), (4, 8, 16)[trial % 3], 5
+        width = min(width, gamma + 1)
+        b = (1, 2, 4, 8)[trial % 4]
+        R = 1 + rand(b)
+        buf = StepBuffers.allocate(b * width, b, 127, bs, "cpu")
+        starts = [rand(100 - 2 * width) for _ in range(R)]
+        tables = [rand(50, -(-128 // bs)) for _ in range(R)]
+        pooled = [rand(s + 1) if trial % 5 == 0 else 0 for s in starts]
+        slots = rand(b, R)
+        def lay(at, ids):
+            seqs = [SeqView(t, t[::-1], sl, s, p) for t, sl, s, p in zip(tables, slots, at, pooled)]
+            fill_layout(buf, [width] * R, seqs, b * width, b, ids)
+            return buf.packed[:b * width].clone()
+        lay(starts, rand(1000, R * width))
+        accepted = torch.tensor([rand(width) for _ in range(b)])
+        following = torch.randint(0, 1000, (b, gamma + 1), generator=g)
+        advance_layout(buf, accepted, following, b * width, width)
+        new = [s + a + 1 for s, a in zip(starts, accepted.tolist())]
+        crossed += sum((s + width - 1) // bs != (s2 + width - 1) // bs for s, s2 in zip(starts, new))
+        got = buf.packed[:b * width].clone()
+        assert torch.equal(got, lay(new, following[:R, :width].reshape(-1).tolist())), trial
+    assert crossed > 10

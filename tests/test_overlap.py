@@ -141,6 +141,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     assert outs == sync[0] and outs[2][1] == "stop" and outs[2][0][-1] == stop
     assert stats == sync[1] and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert ahead.used >= 4 and ahead.dropped == 0
+    assert 0 < ahead.rounds.advanced < ahead.used     # laid out on the device in the steady state, by the host otherwise
     late = [i for i, b in enumerate(seen) if "3" in b][0]       # the arrival's first step: one later than without
     assert late == [i for i, b in enumerate(sync[2]) if "3" in b][0] + 1
     assert seen[:late - 1] == sync[2][:late - 1]                # before it, the same steps, and at its step
