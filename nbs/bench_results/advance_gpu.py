@@ -13,7 +13,8 @@ OUT, REPEATS, PROMPTS = os.environ["OUT"], int(os.environ.get("REPEATS", 9)), in
 prompts = _default_model_prompts(DEFAULT_MODEL, PROMPTS, 128)
 sp = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
 make = lambda mode: dspark.LLM(DEFAULT_MODEL, speculative=mode, device="cuda", dtype="bfloat16", max_num_seqs=1,
-                               max_num_batched_tokens=8192, max_model_len=128 + 128 + 13, enable_prefix_caching=False)
+                               max_num_batched_tokens=8192, max_model_len=128 + 128 + 13, enable_prefix_caching=False,
+                               kv_cache_memory_bytes=2**30)
 llms = {"none": make(None), "dspark": make("dspark"), "dspark_host_layout": make("dspark")}
 rounds = llms["dspark_host_layout"].runner.round_ahead.rounds
 rounds.can_advance = lambda *a: False                     # this arm lays every round out on the host, as before
