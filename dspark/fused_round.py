@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .graphs import GraphRunner, StepBuffers, bucket_sizes, fill_layout, forward_static, tables_sent
-from .kernels_draft import round_handover_triton
+from .kernels_draft import advance_layout_triton, round_handover_triton
 
 # %% auto #0
 __all__ = ['greedy_accept', 'round_handover', 'RoundOutputs', 'Round', 'RoundGraphs', 'advance_layout']
@@ -81,7 +81,6 @@ class RoundGraphs:
         self.first, self.drafts = runner.buf.first, runner.buf.drafts   # laid out and sent with the step's rows
         self.sizes = bucket_sizes(max_seqs)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, RoundOutputs]] = {}
-        self.advances: dict[int, torch.cuda.CUDAGraph] = {}   # per bucket, `advance_layout` of its round's outputs
         self.replays, self.advanced, self.graph_bytes = 0, 0, 0
         self.host = self.events = None                 # pinned copies of the outputs, written inside the graphs
         self.snaps, self.turn = None, 0                # two more for the drafts, copied behind a round (`snapshot`)
@@ -117,6 +116,10 @@ class RoundGraphs:
             self.host.drafted[:R * (1 + self.K)].copy_(res.drafted, non_blocking=True)
             self.host.conf[:R * self.K].copy_(res.conf.reshape(-1), non_blocking=True)
             self.events[1].record()
+        # last, the next round of the same requests, laid out in the step buffers (chapter 31 replays this graph on it
+        # when nothing changed, instead of laying it out on the host): the rows were read into the fields at the start
+        adv = advance_layout_triton if hand is round_handover_triton else advance_layout
+        adv(buf, verified[n:], res.following.view(R, self.K + 1), n)
         return res
 
     def capture(self) -> None:
@@ -133,12 +136,6 @@ class RoundGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.g.pool): out = self.run(R)
             self.graphs[R] = (graph, out)
-        with torch.cuda.stream(side):                  # on padding rows `advance_layout` changes nothing
-            for R in self.sizes: self._pad_only(R); self._advance(R)
-        torch.cuda.current_stream().wait_stream(side)
-        for R in self.sizes:
-            self.advances[R] = graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.g.pool): self._advance(R)
         self.graph_bytes = free0 - _free_bytes()
 
     def _pad_only(self, R: int) -> None:
@@ -181,24 +178,16 @@ class RoundGraphs:
 
     def can_advance(self, handle: tuple, lens: list[int], seqs) -> bool:
         """Whether the round after `handle`, for the same requests in the same order (`seqs`: at their new anchors,
-        `lens[i]` rows each), can be laid out on the device (`advance`): the step buffers still hold `handle`'s layout,
-        every request has a full width of rows in both rounds, and the device holds these block tables already."""
-        return (self.g.buf.laid is handle and len(seqs) == handle[1] and all(m == self.width for m in handle[5])
-                and all(m == self.width for m in lens) and tables_sent(self.g.buf, seqs))
+        `lens[i]` rows each), is the layout the round graph left in the step buffers (`advance`): nothing was laid out
+        since (`StepBuffers.laid`), every request keeps its row count, and the device holds these block tables."""
+        return self.g.buf.laid is handle and lens == handle[5] and tables_sent(self.g.buf, seqs)
 
     def advance(self, handle: tuple) -> tuple:
-        """Launch the round after `handle` (see `can_advance`), its layout moved on by `advance_layout` on the device
-        and its token ids each request's `following`: the host lays nothing out and copies nothing in."""
+        """Launch the round after `handle` (see `can_advance`) on the layout `handle`'s round graph left: the host
+        lays nothing out and copies nothing in, it replays the graph."""
         out, R, b, n, starts, lens = handle
-        if b in self.advances: self.advances[b].replay()
-        else: self._advance(b)
         self.advanced += 1
         return self._replay(R, b, n, lens)
-
-    def _advance(self, b: int) -> None:
-        "The work of bucket `b`'s advance graph: its round's acceptance and `following` move the step buffers' rows on."
-        n, out = b * self.width, self.graphs[b][1]
-        advance_layout(self.g.buf, out.verified[n:n + b], out.following.view(b, self.K + 1), n, self.width)
 
     def _replay(self, R: int, b: int, n: int, lens: list[int]) -> tuple:
         "Replay bucket `b`'s round on the laid-out rows; returns the launch's handle."
@@ -254,19 +243,21 @@ class RoundGraphs:
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf
 
 # %% ../nbs/28_fused_round.ipynb #88c94afb
-def advance_layout(buf: StepBuffers, accepted: torch.Tensor, following: torch.Tensor, n: int, width: int) -> None:
-    """Lay out the next round of the requests whose round fills the step buffers' first `n` rows (`width` rows each),
-    on the device: each request's rows move on by its accepted drafts + 1 (`accepted [n / width]`, the round's
-    output), their window slots are looked up again in the block tables the device holds, and their token ids are
-    `following [n / width, ≥ width]`'s (each request's next anchor and drafts). Padding rows stay as they are. This is
-    what `fill_layout` writes for those requests at their new positions, without the host (fixed shapes, capturable)."""
-    p, bs = buf.packed[:n], buf.block_size
+def advance_layout(buf: StepBuffers, accepted: torch.Tensor, following: torch.Tensor, n: int) -> None:
+    """Lay out, in the step buffers' first `n` rows, the next round of the requests whose round they hold, on the
+    device: each request keeps its rows, moved on by its accepted drafts + 1 (`accepted [R]`, the round's output);
+    their window slots are looked up again in the block tables the device holds (the column clamped into the table:
+    a layout the host will not use must not fault), and row `j` of a request gets `following[request, j]` (its next
+    anchor, then drafts). Padding rows stay as they are. This is what `fill_layout` writes for those requests at their
+    new positions with the same row counts, without the host (fixed shapes, capturable)."""
+    p, bs, W = buf.packed[:n], buf.block_size, buf.window_tables.shape[1]
     live = p[:, 0] >= 0
     req = p[:, 0].clamp(min=0)
     shift = torch.where(live, accepted[req] + 1, 0)
     pos = p[:, 1] + shift
-    blk = buf.window_tables[req, pos.clamp(min=0) // bs].long()
-    p[:, 2] = torch.where(live & (pos >= p[:, 5]), blk * bs + pos % bs, -1)
+    blk = buf.window_tables[req, (pos.clamp(min=0) // bs).clamp(max=W - 1)].long()
+    p[:, 2] = torch.where(live, torch.where(pos >= p[:, 5], blk * bs + pos % bs, -1), p[:, 2])
     p[:, 1] = pos
     p[:, 4] += shift
-    p[:, 6] = torch.where(live, following[:, :width].reshape(-1), p[:, 6])
+    j = torch.arange(n, device=p.device) - p[req, 7]                 # row within its request
+    p[:, 6] = torch.where(live, following[req, j.clamp(0, following.shape[1] - 1)], p[:, 6])

@@ -89,8 +89,8 @@ class StepBuffers:
     sent_tables: tuple | None = None     # the block tables the device holds (rows 0..): unchanged ones are not resent
     first: torch.Tensor | None = None    # [R] int64 request i's first token row (rows past the step's requests: 0)
     drafts: torch.Tensor | None = None   # [R] int64 its tokens after the first (a verify step's drafts)
-    laid: object = None          # the DSpark round whose layout the device rows hold, if the last step laid out was one
-                                 # (chapter 28's `advance_layout` moves it on without the host); None after any other
+    laid: object = None          # the DSpark round whose graph ran last on these rows: it left the next round of its
+                                 # requests laid out in them (chapter 28's `advance_layout`); None after any other layout
 
     @classmethod
     def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":

@@ -21,7 +21,7 @@ from .drafter import block_attention, markov_greedy, markov_logits
 # %% auto #0
 __all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_chunk',
            'markov_greedy_triton', 'draft_block_attention', 'round_handover_triton', 'window_triton',
-           'draft_kernels_check']
+           'advance_layout_triton', 'draft_kernels_check']
 
 # %% ../nbs/32_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -287,6 +287,35 @@ def window_triton(ring_pos: torch.Tensor, slots: torch.Tensor, P: torch.Tensor, 
                   BLOCK_S=triton.next_power_of_2(S))
     return valid.view(torch.bool), complete.view(torch.bool)
 
+# %% ../nbs/32_kernels_draft.ipynb #5be34859
+@triton.jit
+def _advance_kernel(p_ptr, s_p, wt_ptr, s_wt, W, acc_ptr, f_ptr, s_f, n, bs, BLOCK: tl.constexpr):
+    "Rows `[i·BLOCK, (i + 1)·BLOCK)` of the step buffers' packed rows, each live row moved on by its request's acceptance."
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    base = p_ptr + rows.to(tl.int64) * s_p
+    req = tl.load(base, mask=rows < n, other=-1)
+    live = req >= 0
+    r = tl.maximum(req, 0)
+    shift = tl.where(live, tl.load(acc_ptr + r, mask=live, other=0) + 1, 0)
+    pos = tl.load(base + 1, mask=live, other=0) + shift
+    col = tl.minimum(tl.maximum(pos, 0) // bs, W - 1)
+    blk = tl.load(wt_ptr + r * s_wt + col, mask=live, other=0).to(tl.int64)
+    keep = pos >= tl.load(base + 5, mask=live, other=0)
+    tl.store(base + 1, pos, mask=live)
+    tl.store(base + 2, tl.where(keep, blk * bs + pos % bs, -1), mask=live)
+    tl.store(base + 4, tl.load(base + 4, mask=live, other=0) + shift, mask=live)
+    j = rows - tl.load(p_ptr + r * s_p + 7, mask=live, other=0)        # row within its request
+    tl.store(base + 6, tl.load(f_ptr + r * s_f + j, mask=live, other=0), mask=live)
+
+def advance_layout_triton(buf, accepted: torch.Tensor, following: torch.Tensor, n: int) -> None:
+    """`fused_round.advance_layout` in one launch: the first `n` packed rows of step buffers `buf` moved on by
+    `accepted [R]`, fed `following [R, ≥ width]`."""
+    p, wt = buf.packed, buf.window_tables
+    if p.stride(1) != 1 or wt.stride(1) != 1 or following.stride(1) != 1:
+        raise ValueError("packed rows, window tables and following must have contiguous rows")
+    if n: _launch(_advance_kernel, (triton.cdiv(n, 64),), p, p.stride(0), wt, wt.stride(0), wt.shape[1], accepted,
+                  following, following.stride(0), n, buf.block_size, BLOCK=64)
+
 # %% ../nbs/32_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()
 def draft_kernels_check(drafter, seed: int = 0) -> str | None:
@@ -339,6 +368,18 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
         slots, P = z(0, 2, 0), z(ring.w + 2, 5, 0)            # a full window, the scratch ring (empty), no context
         if not all(torch.equal(a, b) for a, b in zip(ring.window(slots, P), window_triton(ring.pos, slots, P, ring.w))):
             return "context window mask differs from DraftContext.window"
+        from dspark.fused_round import advance_layout
+        from dspark.graphs import StepBuffers
+        bufs = [StepBuffers.allocate(12, 3, 63, 8, dev) for _ in range(2)]
+        for b in bufs:                                       # request 0: 4 rows, request 1: 2 rows, then padding
+            b.packed[:12] = torch.tensor([[0, 5 + j, 40 + j, 3, 8, 0, 0, 0, 3] for j in range(4)] +
+                                         [[1, 2 + j, 10 + j, 0, 3, 0, 0, 4, 1] for j in range(2)] +
+                                         [[-1, -1, -1, 9, -1, 0, 0, 0, 0]] * 6, device=dev)
+            b.window_tables[:2, :3] = z([5, 2, 7], [1, 4, -1]).int()
+        acc, fol = z(3, 0, 0), torch.arange(18, device=dev).view(3, 6)
+        advance_layout(bufs[0], acc, fol, 12); advance_layout_triton(bufs[1], acc, fol, 12)
+        if not torch.equal(bufs[0].packed, bufs[1].packed):
+            return "next round's layout differs from fused_round.advance_layout"
     except Exception as e:                       # a compiler or launch error on this device: keep the torch path
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None

@@ -120,35 +120,41 @@ def test_when_a_step_runs_as_a_round(tiny_ckpt):
         assert not rounds.fits([c(w)], [view(10)], [1])
 
 
+def random_rounds(trials: int, seed: int = 3):
+    """Random rounds laid out by `fill_layout` in CPU step buffers: yields `(buf, fill, n, R, accepted, following)`,
+    where `fill(starts, ids)` lays the same requests out again at `starts` (as the host would) and returns the rows.
+    Buckets 1-8, widths 1-6, blocks of 4-16 (so new positions cross block boundaries), rows per request from 1 to the
+    width, acceptance from none to all, resumed prefixes' `pooled_upto` on some."""
+    from dspark.graphs import StepBuffers, fill_layout
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda hi, n: torch.randint(0, hi, (n,), generator=g).tolist()
+    for trial in range(trials):
+        width, bs, b = 1 + rnd(6, 1)[0], (4, 8, 16)[trial % 3], (1, 2, 4, 8)[trial % 4]
+        R, n = 1 + rnd(b, 1)[0], b * width
+        lens = [1 + m for m in rnd(width, R)]
+        buf = StepBuffers.allocate(n, b, 127, bs, "cpu")
+        starts, tables = rnd(100 - 2 * width, R), [rnd(50, -(-128 // bs)) for _ in range(R)]
+        pooled = [rnd(s + 1, 1)[0] if trial % 5 == 0 else 0 for s in starts]
+        slots = rnd(b, R)
+        def fill(at, ids, tables=tables, slots=slots, pooled=pooled, lens=lens, buf=buf, n=n):
+            seqs = [SeqView(t, t[::-1], sl, s, p) for t, sl, s, p in zip(tables, slots, at, pooled)]
+            fill_layout(buf, lens, seqs, n, b, ids)
+            return buf.packed[:n].clone()
+        fill(starts, rnd(1000, sum(lens)))
+        accepted = torch.tensor([rnd(m, 1)[0] for m in lens] + [0] * (b - R))
+        yield buf, fill, n, starts, lens, accepted, torch.randint(0, 1000, (b, 6), generator=g)
+
+
 def test_advance_layout_is_what_fill_layout_writes_at_the_new_positions():
     """The next round laid out on the device (chapter 28's `advance_layout`) against the host's `fill_layout` of the
-    same requests at their new anchors: random buckets, positions that cross block boundaries, each request accepting
-    none to all of its drafts, padding requests left padding, resumed prefixes' `pooled_upto` kept."""
+    same requests at their new anchors, with the same row counts (`random_rounds`); padding rows stay padding."""
     from dspark.fused_round import advance_layout
-    from dspark.graphs import StepBuffers, fill_layout
-    g = torch.Generator().manual_seed(3)
-    rand = lambda hi, n=None: torch.randint(0, hi, (n,) if n else (1,), generator=g).tolist() if n else int(torch.randint(0, hi, (1,), generator=g))
     crossed = 0
-    for trial in range(60):
-        width, bs, gamma = 1 + rand(5), (4, 8, 16)[trial % 3], 5
-        width = min(width, gamma + 1)
-        b = (1, 2, 4, 8)[trial % 4]
-        R = 1 + rand(b)
-        buf = StepBuffers.allocate(b * width, b, 127, bs, "cpu")
-        starts = [rand(100 - 2 * width) for _ in range(R)]
-        tables = [rand(50, -(-128 // bs)) for _ in range(R)]
-        pooled = [rand(s + 1) if trial % 5 == 0 else 0 for s in starts]
-        slots = rand(b, R)
-        def lay(at, ids):
-            seqs = [SeqView(t, t[::-1], sl, s, p) for t, sl, s, p in zip(tables, slots, at, pooled)]
-            fill_layout(buf, [width] * R, seqs, b * width, b, ids)
-            return buf.packed[:b * width].clone()
-        lay(starts, rand(1000, R * width))
-        accepted = torch.tensor([rand(width) for _ in range(b)])
-        following = torch.randint(0, 1000, (b, gamma + 1), generator=g)
-        advance_layout(buf, accepted, following, b * width, width)
+    for buf, fill, n, starts, lens, accepted, following in random_rounds(60):
+        advance_layout(buf, accepted, following, n)
+        got = buf.packed[:n].clone()
         new = [s + a + 1 for s, a in zip(starts, accepted.tolist())]
-        crossed += sum((s + width - 1) // bs != (s2 + width - 1) // bs for s, s2 in zip(starts, new))
-        got = buf.packed[:b * width].clone()
-        assert torch.equal(got, lay(new, following[:R, :width].reshape(-1).tolist())), trial
+        crossed += sum((s + m - 1) // buf.block_size != (s2 + m - 1) // buf.block_size for s, s2, m in zip(starts, new, lens))
+        want = fill(new, [t for i, m in enumerate(lens) for t in following[i, :m].tolist()])
+        assert torch.equal(got, want)
     assert crossed > 10

@@ -143,7 +143,7 @@ def test_kernels_compile_for_hopper():
         w = torch.randn(100, 8)
         markov_greedy_triton(torch.randn(2, 5, 100), torch.randn(2, 5, 16), torch.tensor([1, 2]), w, w, None, 5)
     names = {s[1] for s in sigs}
-    assert names == {"_markov_step_kernel", "_block_attn_kernel", "_handover_kernel", "_window_kernel"}, names
+    assert names == {"_markov_step_kernel", "_block_attn_kernel", "_handover_kernel", "_window_kernel", "_advance_kernel"}, names
     assert any(s[3].get("k") == 1 for s in sigs) and any(s[3].get("SPLITS") == 1 for s in sigs)
     bad = [s[0], s[1], dict(s[2]), {**s[3], "BLOCK_V": 48}, s[4]] if (s := sigs[-1]) else None
     failed = compile_all(sigs + [bad])
@@ -235,3 +235,18 @@ def test_context_rows_with_the_fused_kernel(tiny_ckpt):
     (ref, ref_pos), (fast, fast_pos) = rings
     assert torch.equal(ref_pos, fast_pos) and ref.abs().sum() > 0
     assert torch.allclose(fast, ref, atol=1e-5), (fast - ref).abs().max()
+
+
+def test_advance_kernel_equals_the_reference():
+    """The next round's layout from the kernel and from `fused_round.advance_layout`, on the random rounds of
+    test_fused_round (which checks the reference against `fill_layout`), on the test's device."""
+    from dspark.fused_round import advance_layout
+    from dspark.kernels_draft import advance_layout_triton
+    from test_fused_round import random_rounds
+    for buf, _, n, _, _, accepted, following in random_rounds(24, seed=5):
+        for name in ("packed", "window_tables"): setattr(buf, name, getattr(buf, name).to(DEV))
+        before = buf.packed.clone()
+        advance_layout(buf, accepted.to(DEV), following.to(DEV), n)
+        want, _ = buf.packed.clone(), buf.packed.copy_(before)
+        advance_layout_triton(buf, accepted.to(DEV), following.to(DEV), n)
+        assert torch.equal(buf.packed, want) and not torch.equal(want, before)

@@ -3,7 +3,7 @@
 `nbdev-test` already executes the notebooks in-process; this run adds what only a real Jupyter kernel gives:
 papermill's parameter injection (notebooks that declare a `parameters` cell get the CPU-sized values in
 `PARAMS`) and an executed copy of each notebook under `_build/executed/` for inspection. Cells flagged
-`#| gpu` are removed first, as `nbdev-test` skips them.
+`#| gpu` and the cells that export the package are removed first, as `nbdev-test` skips them.
 
     python tools/run_papermill.py [NOTEBOOK ...]
 """
@@ -32,12 +32,20 @@ def strip_flagged(nb: dict, flag: str = "gpu") -> dict:
     return nb
 
 
+def strip_export(nb: dict) -> dict:
+    """Drop the cells that call `nbdev_export()` (each notebook's last): CI checks the export before this run, and each
+    call re-exports the whole package from inside the kernel (~5 s a notebook on the CI machine), as `nbdev-test`
+    skips them too."""
+    nb["cells"] = [c for c in nb["cells"] if not (c["cell_type"] == "code" and "nbdev_export()" in "".join(c["source"]))]
+    return nb
+
+
 def main(paths: list[Path]) -> int:
     out_dir = ROOT / "_build" / "executed"; out_dir.mkdir(parents=True, exist_ok=True)
     failed = []
     for nb_path in paths:
         t0 = time.perf_counter()
-        nb = strip_flagged(json.loads(nb_path.read_text()))
+        nb = strip_export(strip_flagged(json.loads(nb_path.read_text())))
         with tempfile.NamedTemporaryFile("w", suffix=".ipynb", delete=False) as f: json.dump(nb, f)
         try:
             papermill.execute_notebook(f.name, str(out_dir / nb_path.name), parameters=PARAMS.get(nb_path.stem, {}),
