@@ -8,6 +8,7 @@ import dspark
 
 if os.environ.get("PYTEST_XDIST_WORKER"):   # one thread per xdist worker: 2 workers x 2 threads thrash 2 cores
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # and for the servers and ranks a test starts as subprocesses
 
 
 @pytest.fixture(scope="session")
