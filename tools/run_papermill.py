@@ -5,14 +5,17 @@ papermill's parameter injection (notebooks that declare a `parameters` cell get 
 `PARAMS`) and an executed copy of each notebook under `_build/executed/` for inspection. Cells flagged
 `#| gpu` and the cells that export the package are removed first, as `nbdev-test` skips them.
 
-    python tools/run_papermill.py [NOTEBOOK ...]
+    python tools/run_papermill.py [--workers N] [NOTEBOOK ...]      (N: 2 by default)
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import papermill
@@ -40,25 +43,37 @@ def strip_export(nb: dict) -> dict:
     return nb
 
 
-def main(paths: list[Path]) -> int:
+def run_one(nb_path: Path, out_dir: Path) -> tuple[str, float, str | None]:
+    "Execute one notebook (flagged and export cells removed): `(name, seconds, error or None)`."
+    t0 = time.perf_counter()
+    nb = strip_export(strip_flagged(json.loads(nb_path.read_text())))
+    with tempfile.NamedTemporaryFile("w", suffix=".ipynb", delete=False) as f: json.dump(nb, f)
+    try:
+        papermill.execute_notebook(f.name, str(out_dir / nb_path.name), parameters=PARAMS.get(nb_path.stem, {}),
+                                   kernel_name="python3", language="python", cwd=str(nb_path.parent),
+                                   progress_bar=False)
+        return nb_path.name, time.perf_counter() - t0, None
+    except Exception as e:  # papermill raises PapermillExecutionError with the failing cell
+        return nb_path.name, time.perf_counter() - t0, str(e)
+    finally: Path(f.name).unlink()
+
+
+def main(paths: list[Path], workers: int = 2) -> int:
+    """Run the notebooks, `workers` kernels at a time. Each kernel then gets one thread for torch's CPU kernels
+    (`OMP_NUM_THREADS=1`, inherited by the kernel processes): two kernels of two threads each on the 2-core CI
+    machine oversubscribe it, and OpenMP's spinning threads then slow both several-fold."""
     out_dir = ROOT / "_build" / "executed"; out_dir.mkdir(parents=True, exist_ok=True)
+    if workers > 1: os.environ["OMP_NUM_THREADS"] = "1"
     failed = []
-    for nb_path in paths:
-        t0 = time.perf_counter()
-        nb = strip_export(strip_flagged(json.loads(nb_path.read_text())))
-        with tempfile.NamedTemporaryFile("w", suffix=".ipynb", delete=False) as f: json.dump(nb, f)
-        try:
-            papermill.execute_notebook(f.name, str(out_dir / nb_path.name), parameters=PARAMS.get(nb_path.stem, {}),
-                                       kernel_name="python3", language="python", cwd=str(nb_path.parent),
-                                       progress_bar=False)
-            print(f"ok     {nb_path.name} {PARAMS.get(nb_path.stem, {})} {time.perf_counter() - t0:.1f}s")
-        except Exception as e:  # papermill raises PapermillExecutionError with the failing cell
-            failed.append(nb_path.name)
-            print(f"FAILED {nb_path.name}: {e}")
-        finally: Path(f.name).unlink()
+    # worker processes, not threads: papermill changes the process's working directory while it starts a kernel
+    with ProcessPoolExecutor(workers) as pool:
+        for name, secs, err in pool.map(partial(run_one, out_dir=out_dir), [p.resolve() for p in paths]):
+            print(f"ok     {name} {secs:.1f}s" if err is None else f"FAILED {name}: {err}", flush=True)
+            if err is not None: failed.append(name)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    args = [Path(a) for a in sys.argv[1:]] or sorted((ROOT / "nbs").glob("*.ipynb"))
-    sys.exit(main(args))
+    args, workers = sys.argv[1:], 2
+    if args[:1] == ["--workers"]: workers, args = int(args[1]), args[2:]
+    sys.exit(main([Path(a) for a in args] or sorted((ROOT / "nbs").glob("*.ipynb")), workers))

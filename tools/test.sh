@@ -16,7 +16,7 @@ fi
 step "notebooks execute (nbdev-test; cells flagged gpu are skipped on CPU)"
 nbdev-test --n-workers 2 --timing
 
-step "notebooks end to end with small parameters (papermill)"
+step "notebooks end to end with small parameters (papermill, two kernels at a time)"
 python tools/run_papermill.py
 
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
