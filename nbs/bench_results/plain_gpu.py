@@ -1,7 +1,8 @@
 """Capacity control's depth 0 on the H200 (embedded model, bf16, graphs, greedy, 128 tokens after 128-token held-out
 prompts): no speculation, fixed-K DSpark, the DSpark engine held at depth 0 (plain decoding: its decode graphs
 still write the drafter's context, and chapter 31 queues each step early) and the measured switch, taking turns
-within each repeat on one engine per kind. OUT=. [CONC="16 64"] [REPEATS=5] python plain_gpu.py"""
+within each repeat on one engine per kind. WAVES=N: a steady load of N x C requests, at most C in flight.
+OUT=. [CONC="16 64"] [REPEATS=5] [WAVES=1] [NAME=plain_gpu] python plain_gpu.py"""
 import json, os, statistics, time
 import torch
 from dspark.capacity_control import PlainSwitch, _capacity_attached, _sweep_run, sweep_prompts
@@ -10,8 +11,9 @@ from dspark.engine import LLM, frozen_heap
 from dspark.sampling import SamplingParams
 CONC = tuple(int(c) for c in os.environ.get("CONC", "16 64").split())
 REPEATS, TOKENS, K = int(os.environ.get("REPEATS", 5)), 128, 5
+WAVES = int(os.environ.get("WAVES", 1))
 top = max(CONC)
-prompts = sweep_prompts(DEFAULT_MODEL, top, 128)
+prompts = sweep_prompts(DEFAULT_MODEL, top * WAVES, 128)
 build = lambda spec: LLM(DEFAULT_MODEL, speculative=spec, num_speculative_tokens=K if spec else None,
                          capacity="auto" if spec else None, device="cuda", dtype="bfloat16", max_num_seqs=top,
                          max_num_batched_tokens=max(1024, top * (128 + K + 1)), max_model_len=128 + TOKENS + K + 2,
@@ -25,7 +27,7 @@ def run(mode, c):
     if mode == "plain": PlainSwitch.decide = lambda self, R: setattr(self, "plain", True) or True
     try:
         with _capacity_attached(llm, mode in ("plain", "switch")), frozen_heap():
-            r = _sweep_run(llm, mode, c, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize)
+            r = _sweep_run(llm, mode, c, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
     finally: PlainSwitch.decide = real_decide
     ra, da = llm.runner.round_ahead, llm.runner.ahead
     r.update(rounds_ahead_used=ra.used if ra else 0, steps_ahead_used=da.used if da else 0)
@@ -48,4 +50,4 @@ for c in CONC:
                         for m in modes[1:]}
     print(c, res["paired"][c], flush=True)
 res["wall_s"] = round(time.time() - t0, 1)
-json.dump(res, open(os.environ.get("OUT", ".") + "/plain_gpu.json", "w"), indent=1)
+json.dump(res, open(os.environ.get("OUT", ".") + f"/{os.environ.get('NAME', 'plain_gpu')}.json", "w"), indent=1)
