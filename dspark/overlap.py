@@ -211,10 +211,11 @@ class RoundAhead:
         if g.graphs_for_lens(lens, seqs) is not g.graphs: return
         rd._fetch = _pick(self.rounds.snapshot_for(rd.handle), rd.rows)   # copied before the next replay rewrites them
         js = [rd.rows[i] for i, _, _ in spec]       # each request's row in the round's outputs
-        if js == list(range(len(js))) and self.rounds.can_advance(rd.handle, lens, seqs):
+        same_rows = js == list(range(len(js)))
+        if same_rows and self.rounds.can_advance(rd.handle, lens, seqs):
             self.pending = (Launched(rows, starts, None, None, None), self.rounds.advance(rd.handle), rd, spec)
             return                                  # the steady state: laid out on the device (chapter 28)
-        if js == list(range(len(js))) and len(set(lens)) == 1:   # the round's own `following`
+        if same_rows and len(set(lens)) == 1:       # the round's own `following`
             ids = out.following.view(b, K + 1)[:len(js), :lens[0]].reshape(-1)
         else:                                       # rows drop out or rooms differ: gather from `verified ⊕ drafted`
             src = []

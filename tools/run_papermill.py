@@ -3,8 +3,8 @@
 CI's one run of the notebooks (`nbdev-test`, the quicker local check, executes the same cells in-process but
 skips those flagged slow or notest). A real Jupyter kernel per notebook gives papermill's parameter injection
 (notebooks that declare a `parameters` cell get the CPU-sized values in `PARAMS`) and an executed copy of each
-notebook under `_build/executed/` for inspection. Cells flagged
-`#| gpu` and the cells that export the package are removed first, as `nbdev-test` skips them.
+notebook under `_build/executed/` for inspection. Cells flagged `#| gpu` and the cells that export the package
+are removed first, as `nbdev-test` skips them.
 
     python tools/run_papermill.py [--workers N] [NOTEBOOK ...]      (N: 2 by default)
 """
