@@ -81,7 +81,7 @@ def _small_moe_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2e, s2r, y_ptr, 
     tl.store(y_ptr + n * D + d, y, mask=dm)
 
 # %% ../nbs/33_kernels_moe.ipynb #a8c2198c
-SMALL_MOE_PAIRS = 256     # the most (token, expert) pairs `small_moe_pairs` tries the kernel at (timed, below)
+SMALL_MOE_PAIRS = 2048    # the most (token, expert) pairs `small_moe_pairs` tries the kernel at (timed, below)
 _UP_TILE = (32, 128)      # (BLOCK_I, BLOCK_D) of the up launch: a first choice, not tuned
 _DOWN_TILE = (32, 128)    # (BLOCK_D, BLOCK_I) of the down launch
 
