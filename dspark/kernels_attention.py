@@ -27,8 +27,8 @@ from .quant import dequantize_index_rows, dequantize_kv_rows
 from .layers import is_batch_invariant, topk_stable
 
 # %% auto #0
-__all__ = ['BatchMeta', 'batch_meta', 'sparse_attention', 'sparse_attention_ref', 'indexer_scores', 'indexer_topk',
-           'indexer_topk_ref', 'medium_batch']
+__all__ = ['SORT_TOPK_COLS', 'BatchMeta', 'batch_meta', 'sparse_attention', 'sparse_attention_ref', 'indexer_scores',
+           'indexer_topk', 'indexer_topk_ref', 'medium_batch']
 
 # %% ../nbs/19_kernels_attention.ipynb #4cdc85ce
 @dataclass
@@ -329,11 +329,34 @@ def indexer_scores(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, 
     simulation (`fake_quant_index`)."""
     return _index_launch(q, w, index_keys, meta, ratio, scale, pack=False, key_scales=key_scales)
 
+@triton.jit
+def _topk_sort_kernel(key_ptr, s_k, pos_ptr, o_ptr, s_o, n_cols, K, ratio, BLOCK: tl.constexpr):
+    """Program t: sort token t's packed keys (a bitonic sort in registers), unpack the first `K` indices and
+    replace those the token cannot see (`index ≥ (pos + 1) // ratio`) by -1. Padding columns sort last."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    x = tl.load(key_ptr + t * s_k + c, mask=c < n_cols, other=0)
+    x = tl.sort(tl.where(c < n_cols, x, -9223372036854775807 - 1), descending=True)
+    pos = tl.load(pos_ptr + t)
+    n_vis = tl.where(pos >= 0, (pos + 1) // ratio, 0)
+    idx = 2147483647 - (x & 0xFFFFFFFF)
+    tl.store(o_ptr + t * s_o + c, tl.where(idx < n_vis, idx, -1).to(tl.int32), mask=c < K)
+
+SORT_TOPK_COLS = 1024   # up to here one program per token sorts its row (H200: 2–11 µs against torch's 9–16)
+
 def indexer_topk(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, topk: int, key_scales=None) -> torch.Tensor:
     """`[N, min(topk, n_cols)]` int32: each token's best visible entries, best first, ties to the lower index
     (`topk_stable`'s rule); -1 where the token sees fewer than `topk` entries."""
     keys = _index_launch(q, w, index_keys, meta, ratio, scale, pack=True, key_scales=key_scales)
-    idx = torch.topk(keys, min(topk, keys.shape[1]), dim=-1).indices   # distinct keys: one correct answer
+    N, n_cols = keys.shape
+    K = min(topk, n_cols)
+    if 0 < N and 0 < n_cols <= SORT_TOPK_COLS:      # distinct keys: the sort and torch.topk agree exactly
+        out = torch.empty(N, K, dtype=torch.int32, device=keys.device)
+        BLOCK = max(16, triton.next_power_of_2(n_cols))
+        _topk_sort_kernel[(N,)](keys, keys.stride(0), meta.tok_pos, out, out.stride(0), n_cols, K, ratio, BLOCK=BLOCK,
+                                num_warps=4 if BLOCK <= 256 else 8)
+        return out
+    idx = torch.topk(keys, K, dim=-1).indices
     n_vis = torch.where(meta.tok_pos >= 0, (meta.tok_pos + 1) // ratio, 0)
     return torch.where(idx < n_vis[:, None], idx, -1).to(torch.int32)
 

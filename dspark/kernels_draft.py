@@ -134,33 +134,51 @@ markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch 
 @triton.jit
 def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, ok_ptr, s_okr, kv_ptr, s_kvr, s_kvt, sink_ptr,
                        o_ptr, s_or, s_ot, s_oh, part_ptr, cnt_ptr, H, G, NC, NT, Dh, scale, BLOCK_Q: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TC: tl.constexpr,
+                       WIDEN: tl.constexpr):
     """Program (request, query group, split): the group's `BLOCK_Q` queries (block row · head, all sharing the
     request's keys) against one tile of `BLOCK_N` context rows (split < NT) or the block's own rows (split NT),
     a partial softmax `(max, sum, Σ p·v)` in fp32 stored to `part`. The program that finishes last (a counter per
-    request and group) merges the NT + 1 partials with the sink, writes the output and zeroes the counter."""
+    request and group) merges the NT + 1 partials with the sink, writes the output and zeroes the counter.
+    `TC` (16-bit q and keys): both products on tensor cores, exact products with fp32 sums for `q·kᵀ`, and the
+    fp32 probabilities split into two 16-bit halves for `p·v`, so the result stays within ~1e-6 of the fp32 one.
+    `WIDEN` (Triton's interpreter, whose `dot` multiplies bf16 bit patterns as integers): the same 16-bit operands,
+    widened to fp32 just before each product, which is exact, so CPU tests check everything but the MMA itself."""
     r, qg, sp = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     QG = tl.num_programs(1)
     qi = qg * BLOCK_Q + tl.arange(0, BLOCK_Q)
     t, hh, dd = qi // H, qi % H, tl.arange(0, BLOCK_D)
     qm, dm = qi < G * H, dd < Dh
     q = tl.load(q_ptr + r * s_qr + t[:, None] * s_qt + hh[:, None] * s_qh + dd[None, :], mask=qm[:, None] & dm[None, :],
-                other=0.0).to(tl.float32)
+                other=0.0)
     if sp < NT:                                   # a tile of context rows, the masked ones neither loaded nor seen
         j = sp * BLOCK_N + tl.arange(0, BLOCK_N)
         ok = (j < NC) & (tl.load(ok_ptr + r * s_okr + j, mask=j < NC, other=0) != 0)
         keys = tl.load(c_ptr + r * s_cr + j[:, None] * s_cn + dd[None, :], mask=ok[:, None] & dm[None, :],
-                       other=0.0).to(tl.float32)
+                       other=0.0)
     else:                                         # the block's own rows: all visible (non-causal)
         j = tl.arange(0, BLOCK_N)
         ok = j < G
         keys = tl.load(kv_ptr + r * s_kvr + j[:, None] * s_kvt + dd[None, :], mask=ok[:, None] & dm[None, :],
-                       other=0.0).to(tl.float32)
-    s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
+                       other=0.0)
+    if TC:                                        # a 16-bit product is exact in fp32: only the sum order differs
+        kd = keys
+        if WIDEN:
+            q, kd = q.to(tl.float32), keys.to(tl.float32)
+        s = tl.dot(q, tl.trans(kd)) * scale
+    else:
+        s = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee") * scale
     s = tl.where(ok[None, :], s, float("-inf"))
     m = tl.maximum(tl.max(s, 1), -1e30)           # finite: a tile with nothing visible adds nothing when merged
     p = tl.exp(s - m[:, None])
-    acc = tl.dot(p, keys, input_precision="ieee")
+    if TC:                                        # p = hi + lo to ~16 bits, each half exact against the keys
+        hi = p.to(keys.dtype)
+        lo = (p - hi.to(tl.float32)).to(keys.dtype)
+        if WIDEN:
+            hi, lo = hi.to(tl.float32), lo.to(tl.float32)
+        acc = tl.dot(hi, kd) + tl.dot(lo, kd)
+    else:
+        acc = tl.dot(p, keys.to(tl.float32), input_precision="ieee")
     # part row (request, group, split): BLOCK_Q maxima, BLOCK_Q sums, then BLOCK_Q · BLOCK_D weighted values
     W = BLOCK_Q * (BLOCK_D + 2)
     base = ((r * QG + qg) * (NT + 1) + sp) * W
@@ -217,15 +235,16 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
     if R == 0: return out
     BLOCK_D = max(16, triton.next_power_of_2(Dh))
     wide = BLOCK_D > 128                              # V4's 512-wide heads: smaller tiles, more warps
+    tc = not wide and q.dtype in (torch.bfloat16, torch.float16) and ctx.dtype == kv.dtype == q.dtype
     BLOCK_Q = 16 if wide else 32                      # the block's rows × heads share the keys: one query tile
-    BLOCK_N = max(16 if wide else 32, triton.next_power_of_2(G))   # the block's own rows fit one key tile
+    BLOCK_N = max(16 if wide else 64 if tc else 32, triton.next_power_of_2(G))   # the block's own rows: one tile
     QG, NT = triton.cdiv(G * H, BLOCK_Q), triton.cdiv(NC, BLOCK_N)
     part = torch.empty(R * QG * (NT + 1) * BLOCK_Q * (BLOCK_D + 2), dtype=torch.float32, device=q.device)
     _launch(_block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2),
             ctx, ctx.stride(0), ctx.stride(1), valid, valid.stride(0), kv, kv.stride(0), kv.stride(1), sink, out,
             out.stride(0), out.stride(1), out.stride(2), part, _attn_counters(R * QG, q.device), H, G, NC, NT, Dh,
-            scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-            num_warps=8 if wide else 4)
+            scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TC=tc,
+            WIDEN=tc and q.device.type != "cuda", num_warps=8 if wide or tc else 4)
     return out
 
 draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 11)

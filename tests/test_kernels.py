@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+import dspark.kernels_attention as ka
 from dspark.kernels_attention import (batch_meta, indexer_scores, indexer_topk, indexer_topk_ref, sparse_attention,
                                       sparse_attention_ref)
 from dspark.kernels_fused import attend_batch, qkv_rope_insert_, qkv_rope_insert_ref
@@ -87,7 +88,7 @@ def test_sparse_attention_rejects_dtype_mismatch():
 
 
 @pytest.mark.parametrize("data", ["random", "integer"])
-def test_indexer_topk_matches_topk_stable(data):
+def test_indexer_topk_matches_topk_stable(data, monkeypatch):
     meta, _, g = _batch([(37, 1), (50, 4), (0, 12), (70, 2)], pad=2, seed=1)
     HI, di, r, K, N = 4, 64, 4, 8, len(meta.tok_pos)
     nb = int(meta.tables.max()) + 1
@@ -99,6 +100,9 @@ def test_indexer_topk_matches_topk_stable(data):
         w = (torch.randint(-2, 3, (N, HI), generator=g).float() * 0.25).to(DEV)
     idx = indexer_topk(q, w, keys, meta, r, di ** -0.5, K)
     assert torch.equal(idx, indexer_topk_ref(q, w, keys, meta, r, di ** -0.5, K))
+    monkeypatch.setattr(ka, "SORT_TOPK_COLS", 0)                     # long rows: torch.topk instead of the sort
+    assert torch.equal(indexer_topk(q, w, keys, meta, r, di ** -0.5, K), idx)
+    monkeypatch.undo()
     assert (idx[-2:] == -1).all() and (idx[5:8] == -1).all()          # padding; prefill positions 0..2 see nothing
     if data == "integer":                                             # the case under test: exact ties
         sc = indexer_scores(q, w, keys, meta, r, di ** -0.5)

@@ -57,6 +57,7 @@ def test_markov_kernel_breaks_ties_as_argmax():
     (2, 5, 4, 32, 40, torch.float32),
     (3, 3, 20, 16, 70, torch.bfloat16),                # two head groups, a block length that is no power of two
     (1, 5, 4, 128, 133, torch.float32),                # the embedded model's shape
+    (2, 5, 4, 128, 133, torch.bfloat16),               # ... in bf16: both products on tensor cores
     (1, 2, 20, 512, 40, torch.bfloat16),               # V4-wide heads: smaller key tiles, more warps
 ])
 def test_block_attention_equals_sink_attention(R, G, H, Dh, NC, dtype):
@@ -69,7 +70,10 @@ def test_block_attention_equals_sink_attention(R, G, H, Dh, NC, dtype):
     sink = torch.randn(H, generator=g).to(DEV)
     out = draft_block_attention(q, ring[:, 1], valid.to(DEV), kv, sink, Dh ** -0.5)
     ref = draft_block_attention_ref(q, ring[:, 1], valid.to(DEV), kv, sink, Dh ** -0.5)
-    assert out.dtype == torch.float32 and torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+    # 16-bit inputs take the tensor-core path: p·v with p carried to 16 bits (hi + lo), ~2^-17 relative per term,
+    # far below the bf16 rounding the drafter applies to this output next
+    tol = 1e-5 if dtype == torch.float32 else 5e-5
+    assert out.dtype == torch.float32 and torch.allclose(out, ref, atol=tol), (out - ref).abs().max()
 
 
 def test_kernels_cut_the_launches():
