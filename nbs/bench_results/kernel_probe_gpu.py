@@ -6,6 +6,7 @@ warps); (3) the indexer's top-k of packed keys: torch.topk against a one-program
 OUT=. python kernel_probe_gpu.py"""
 import json, os, torch, triton, triton.language as tl, dspark
 import dspark.kernels_draft as kd
+from round_profile_lib import graph_us
 from dspark.bench import machine
 from dspark.checkpoint import DEFAULT_MODEL
 from dspark.kernels_moe import small_moe_triton
@@ -14,17 +15,6 @@ from dspark.layers import MoE, _routed_sync_free, stack_experts
 OUT = os.environ["OUT"]
 res = {"machine": machine()}
 
-def graph_us(fn, n=20, reps=7):
-    for _ in range(3): fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n): fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record(); g.replay(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) * 1000 / n)
-    return round(sorted(ts)[reps // 2], 2)
 
 llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", device="cuda", dtype="bfloat16", max_num_seqs=64,
                  max_model_len=512, kv_cache_memory_bytes=2**30, enable_prefix_caching=False)

@@ -7,24 +7,13 @@ OUT=. python kernel_ship_gpu.py"""
 import json, os, torch
 import dspark.kernels_attention as ka
 import dspark.kernels_draft as kd
+from round_profile_lib import graph_us
 from dspark.bench import machine
 from dspark.kernels_attention import SeqView, batch_meta
 
 OUT = os.environ["OUT"]
 res = {"machine": machine(), "attention": [], "topk": []}
 gen = torch.Generator().manual_seed(0)
-
-def graph_us(fn, n=20, reps=7):
-    for _ in range(3): fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n): fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record(); g.replay(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) * 1000 / n)
-    return round(sorted(ts)[reps // 2], 2)
 
 for R in (1, 64):
     rnd = lambda *s: torch.randn(*s, generator=gen).cuda()

@@ -6,6 +6,18 @@ def ev_time(fn, n=200):
     torch.cuda.synchronize(); a, b = torch.cuda.Event(True), torch.cuda.Event(True); a.record()
     for _ in range(n): fn()
     b.record(); torch.cuda.synchronize(); return a.elapsed_time(b) / n
+def graph_us(fn, n=20, reps=7):
+    "µs per call of `fn`: 20 calls captured in one CUDA graph, the median of 7 replays (launch cost excluded)."
+    for _ in range(3): fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n): fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record(); g.replay(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) * 1000 / n)
+    return round(sorted(ts)[reps // 2], 2)
 def kernels(fn, n=50):
     for _ in range(5): fn()
     torch.cuda.synchronize()
