@@ -58,6 +58,7 @@ def test_markov_kernel_breaks_ties_as_argmax():
     (3, 3, 20, 16, 70, torch.bfloat16),                # two head groups, a block length that is no power of two
     (1, 5, 4, 128, 133, torch.float32),                # the embedded model's shape
     (2, 5, 4, 128, 133, torch.bfloat16),               # ... in bf16: both products on tensor cores
+    (2, 5, 4, 64, 70, torch.float16),                  # fp16 takes the same path, in its own 16-bit type
     (1, 2, 20, 512, 40, torch.bfloat16),               # V4-wide heads: smaller key tiles, more warps
 ])
 def test_block_attention_equals_sink_attention(R, G, H, Dh, NC, dtype):
