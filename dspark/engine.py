@@ -115,6 +115,8 @@ class ModelRunner:
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
         self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
         self.round_ahead = None                        # an overlap.RoundAhead: fused DSpark rounds launched early
+        self.draft_ahead = True                        # with round_ahead: first drafts read late, first round launched
+                                                       # behind them (`_draft_ahead`; off only to measure it)
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
@@ -222,7 +224,7 @@ class ModelRunner:
             if lp is not None: logprobs[r.request_id] = lp
             if pr: pending.append((r, None if self.observed else feats[i][:known + a], known + a, toks))
         if outcomes: self.capacity.observe_many(outcomes)          # one calibration update for the step
-        if pr: self._propose_all(pending, ready)
+        if pr: self._propose_all(pending, ready, whole=len(decided) == len(batch))
         if pr and decided:
             reqs = [r for r, _ in batch if r.request_id in decided]
             if self.deferred is not None: self.deferred = (*self.deferred, reqs)
@@ -265,7 +267,7 @@ class ModelRunner:
         room, r.drafts = self._room(r, P, toks), []
         if room > 0: r.drafts, _ = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
 
-    def _propose_all(self, pending: list, ready: dict | None = None) -> None:
+    def _propose_all(self, pending: list, ready: dict | None = None, whole: bool = False) -> None:
         """Propose for every verified request: in one batched drafter forward for those the proposer can batch
         (`batchable`: DSpark, every request, its newest ring-full of positions; MTP, a decode or verify step's) — for
         DSpark the captured greedy draft step when every request is greedy, else the sampled one — and request by
@@ -294,9 +296,28 @@ class ModelRunner:
             self.deferred = (ready, [(r, n) for r, _, _, n in plan])
         elif plan:
             args = [r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], *map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
-            if all(r.params.greedy for r, *_ in plan): drafts = pr.propose_greedy(*args)
+            greedy = all(r.params.greedy for r, *_ in plan)
+            if greedy and self._draft_ahead(plan, whole and len(plan) == sum(not self._ends(r, t) for r, _, _, t in pending)): return
+            if greedy: drafts = pr.propose_greedy(*args)
             else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
             for (r, *_), d in zip(plan, drafts): r.drafts = d
+
+    def _draft_ahead(self, plan: list, launch: bool) -> bool:
+        """Chapter 31 for steps that are not fused rounds (a request's first drafts, after its prefill): replay the
+        captured greedy draft step without reading it, launch the requests' first round behind it on its drafts on
+        the device (`RoundAhead.launch_first`), and leave the drafts to `settle`, as a fused round's. The host's
+        bookkeeping of this step then overlaps the draft step and the first round instead of waiting for the drafts
+        and laying the round out after it. `plan`: `(request, anchor, P, drafts kept)`; `launch`: the plan is the
+        whole next step (every request of this one that goes on drafts), else no round is launched, since the engine
+        would schedule a different one. Returns whether it drafted."""
+        ra, graphs = self.round_ahead, getattr(self.proposer, "graphs", None)
+        if (not self.draft_ahead or ra is None or not hasattr(graphs, "launch") or self.deferred is not None
+                or not graphs.fits(len(plan), max(n for *_, n in plan))): return False
+        fed = graphs.launch([r.slot for r, *_ in plan], [a for _, a, _, _ in plan], [P for _, _, P, _ in plan])
+        gate = None if self.capacity is None else (lambda R: self.capacity.bypasses(R, ra.rounds.rows(R)))
+        if launch: ra.launch_first(plan, fed, gate)
+        self.deferred = ((fed, {r.request_id: i for i, (r, *_) in enumerate(plan)}), [(r, n) for r, _, _, n in plan])
+        return True
 
     def _propose_graphed(self, pending: list) -> bool:
         """MTP's observing and greedy drafting for a step's verified requests as one graph replay (chapter 30),
@@ -311,6 +332,10 @@ class ModelRunner:
         if drafts is None: return False
         for (r, _, m, toks), d in zip(pending, drafts): r.drafts = d[:max(0, self._room(r, r.num_computed + m, toks))]
         return True
+
+    def _ends(self, r: Request, toks: list[int]) -> bool:
+        "Whether committing `toks` ends request `r` on length (known before anything else about its next step)."
+        return len(r.output_ids) + len(toks) >= r.params.max_tokens or r.num_tokens + len(toks) >= self.max_model_len
 
     def _plain(self) -> bool:
         "Whether capacity control has switched drafting off at this load (depth 0): steps decode one token each."

@@ -39,8 +39,8 @@ log = logging.getLogger("dspark")
 __all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'tables_sent', 'fill_buffers', 'fill_layout',
            'compress_tokens', 'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections',
            'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
-           'fast_path', 'replay_ms', 'Rows', 'GraphRunner', 'capture_buckets', 'DraftGraphs', 'MemoryProfile',
-           'step_peak_bytes', 'profile_memory']
+           'fast_path', 'replay_ms', 'Rows', 'GraphRunner', 'capture_buckets', 'DraftGraphs', 'DraftStep',
+           'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../nbs/26_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -632,6 +632,7 @@ class DraftGraphs:
         self.temperature, self.top_p = z(torch.float32, 1.0), z(torch.float32, 1.0)
         self.stage = HostStage({k: getattr(self, k) for k in ("slots", "anchors", "P", "temperature", "seed", "top_k", "top_p")})
         self.sizes, self.replays, self.capture = bucket_sizes(max_num_seqs), 0, capture
+        self.host = None                               # pinned copies of the greedy step's outputs (`launch`)
         proposer.alloc_q(proposer.drafter.cfg.vocab_size)            # written inside the sampled graphs
         greedy = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
         sampled = lambda filtered: lambda n: proposer.draft_rows(self.slots[:n], self.anchors[:n], self.P[:n], self.K,
@@ -681,6 +682,25 @@ class DraftGraphs:
         filtered = any(sp.top_k != -1 or sp.top_p < 1.0 for sp in params)
         return self._replay(self.sampled_graphs[filtered], len(slots), self._fill(slots, anchors, P, (params, seeds)))
 
+    def launch(self, slots: list[int], anchors: list[int], P: list[int]) -> DraftStep:
+        """Replay the greedy step and queue its outputs' copy to the host behind it, reading nothing: the host goes
+        on (chapter 31 launches the requests' first round behind the step, on its drafts on the device) and reads
+        the drafts later (`DraftStep.drafts`). One set of host buffers: a launch's drafts must be read before the
+        next launch (the engine's `settle` reads them before it schedules the next step)."""
+        drafts, conf, complete = self(slots, anchors, P)
+        R, cuda = len(slots), drafts.is_cuda
+        if self.host is None:                          # allocated at the first launch, once
+            z = lambda t: torch.zeros((self.slots.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=cuda)
+            self.host = (z(drafts), z(conf), z(complete), torch.cuda.Event() if cuda else None)
+        hd, hc, hf, ev = self.host
+        for h, d in ((hd, drafts), (hc, conf), (hf, complete)): h[:R].copy_(d, non_blocking=cuda)
+        if ev is not None: ev.record()
+        def fetch():
+            if ev is not None: ev.synchronize()
+            conf = hc[:R].clone() if self.pr.confidence is not None else [None] * R
+            return hd[:R].tolist(), hf[:R].tolist(), conf
+        return DraftStep(drafts, self.anchors[:R], fetch)
+
     def _replay(self, graphs: dict, R: int, n: int):
         g, out = graphs[n]
         if g is None: out = out(n)                     # not captured: the same step, eagerly, on the same buffers
@@ -688,6 +708,18 @@ class DraftGraphs:
         self.replays += 1
         drafts, conf, complete = out
         return drafts[:R], conf[:R], complete[:R]
+
+class DraftStep:
+    """A launched greedy draft step (`DraftGraphs.launch`) whose drafts the host has not read: on the device, each
+    request's anchor and drafts (`anchors [R]`, `device [R, K]`, what a round launched behind the step gathers its
+    token ids from), and `drafts()`, which waits for the copy: `(drafts [R][K], context complete [R], confidence
+    logits [R])`, as `fused_round.Round.drafts` gives them, so the engine's `settle` takes either."""
+    def __init__(self, device: torch.Tensor, anchors: torch.Tensor, fetch: Callable):
+        self.device, self.anchors, self._fetch, self._drafts = device, anchors, fetch, None
+
+    def drafts(self) -> tuple[list[list[int]], list[bool], list]:
+        if self._drafts is None: self._drafts = self._fetch()
+        return self._drafts
 
 # %% ../nbs/26_cuda_graphs.ipynb #21c3df06
 @dataclass

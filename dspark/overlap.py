@@ -166,6 +166,7 @@ class RoundAhead:
         self.pending: tuple | None = None          # (Launched, its launch handle, the Round it was fed by, and per
                                                    # request (batch index there, anchor, drafts kept))
         self.used = self.dropped = 0
+        self.first = 0                             # rounds launched behind a draft step (`launch_first`)
         self.admits = None                         # `Scheduler.would_admit`, as `DecodeAhead.admits`
 
     def drop(self) -> None:
@@ -226,6 +227,28 @@ class RoundAhead:
             ids = torch.cat([out.verified, out.drafted])[_to_device(src, out.drafted)]
         handle = self.rounds.launch(lens, seqs, ids)
         self.pending = (Launched(rows, starts, None, None, None), handle, rd, spec)   # its ids: in `take`
+
+    def launch_first(self, plan: list, fed, gate=None) -> None:
+        """Launch the first round of requests whose drafts a draft step is still computing (`fed`, a
+        `graphs.DraftStep`), before the host has read them: each request's anchor and first `n` drafts, gathered on
+        the device. `plan`: `(request, anchor, its position P, drafts kept n)` in the draft step's row order. The
+        conditions are `launch_next`'s: every request's blocks already cover its round, the graphs reach it, no
+        arrival is waiting, and `gate(requests)` holds (capacity control will not cut the drafts)."""
+        g, bs, K = self.rounds.g, self.rounds.g.buf.block_size, self.rounds.K
+        R = len(plan)
+        rows, starts, lens, spec, src = [], [], [], [], []
+        for i, (r, anchor, P, n) in enumerate(plan):
+            c = min(K, n)
+            if not covered(r, P + 1 + c, bs) or P + c > g.max_pos: return
+            rows.append(r); starts.append(P); lens.append(1 + c); spec.append((i, anchor, c))
+            src += [i, *range(R + i * K, R + i * K + c)]   # in `anchors ⊕ drafts`: the anchor, then c drafts
+        if (self.pending is not None or self.rounds.bucket(R) is None or (gate is not None and not gate(R))
+                or (self.admits is not None and self.admits(R))): return
+        seqs = [SeqView(r.window_table, r.table, r.slot, P, r.pooled_upto) for r, P in zip(rows, starts)]
+        if g.graphs_for_lens(lens, seqs) is not g.graphs: return
+        ids = torch.cat([fed.anchors, fed.device.reshape(-1)])[_to_device(src, fed.device)]
+        self.pending = (Launched(rows, starts, None, None, None), self.rounds.launch(lens, seqs, ids), fed, spec)
+        self.first += 1
 
 def _pick(fetch, idx: list[int]):
     "A round's draft fetch, reordered to a batch whose request i is the round's row `idx[i]`."

@@ -111,6 +111,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     launched ahead is taken, nothing more is launched while it waits) instead of dropping one."""
     from dspark.capacity_control import sweep_prompts
     from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.graphs import DraftGraphs
     from dspark.overlap import RoundAhead
     from test_fused_round import emulate_rounds
     use_references(monkeypatch)
@@ -119,9 +120,10 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
                          kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, capacity=capacity)
         rounds = emulate_rounds(llm)
-        if ahead:
+        if ahead:       # and the draft step's graphs (emulated: run eagerly on their buffers), read late at a start
             llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
             llm.runner.round_ahead.admits = llm.scheduler.would_admit
+            llm.runner.proposer.graphs = DraftGraphs(llm.runner.proposer, 4, capture=False)
         seen, schedule = [], llm.scheduler.schedule
         def spy(**kw):
             batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
@@ -142,6 +144,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     assert stats == sync[1] and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert ahead.used >= 4 and ahead.dropped == 0
     assert 0 < ahead.rounds.advanced < ahead.used     # laid out on the device in the steady state, by the host otherwise
+    assert ahead.first >= 1                           # a first round launched behind the draft step, after a prefill
     late = [i for i, b in enumerate(seen) if "3" in b][0]       # the arrival's first step: one later than without
     assert late == [i for i, b in enumerate(sync[2]) if "3" in b][0] + 1
     assert seen[:late - 1] == sync[2][:late - 1]                # before it, the same steps, and at its step
