@@ -190,7 +190,7 @@ class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
-    lookahead: int = 0             # positions past a running request's step to hold blocks for when they are free
+    lookahead: int = 0             # positions past a request's step to hold blocks for when they are free
                                    # (chapter 31: a step launched ahead must find its blocks allocated)
     mixed_step_tokens: int = 0     # the largest captured step (0: none): see `Scheduler.prefill_room`
 
@@ -232,7 +232,7 @@ class Scheduler:
             req = self.waiting[0]
             if not self.kv.admit(req): break
             n = min(req.num_tokens - req.num_computed, budget, room)
-            if not self.kv.allocate(req, n):
+            if not self._allocate(req, n):              # its lookahead too: its first round may be launched ahead
                 self.kv.free(req)
                 if not self.running and not out:
                     raise RuntimeError(f"request {req.request_id} needs more KV blocks than the whole cache holds")
@@ -271,7 +271,7 @@ class Scheduler:
         return need <= self.kv.comp.num_free and need <= self.kv.window.num_free
 
     def _allocate(self, req: Request, n: int) -> bool:
-        """A running request's blocks for its step, and for `lookahead` more positions when the pool has them (never
+        """A request's blocks for its step, and for `lookahead` more positions when the pool has them (never
         a preemption for the lookahead's sake: without them the step is scheduled as before)."""
         la = min(self.sc.lookahead, self.sc.max_model_len - req.num_computed - n)   # never past max_model_len
         return bool(la > 0 and self.kv.allocate(req, n, la)) or self.kv.allocate(req, n)
