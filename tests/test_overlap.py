@@ -165,7 +165,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
 def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
     "`PlainSwitch` on synthetic rates: learns drafting, then plain, keeps the faster, probes, and needs the margin."
     from dspark.capacity_control import PlainSwitch
-    sw = PlainSwitch(margin=0.05, probe_every=10, probe_len=2)
+    sw = PlainSwitch(margin=0.05, probe_every=10, probe_len=2, wide=1.0)   # a 1.67x lead: not "wide" here
     rate = {False: 3.0, True: 5.0}                  # tokens per ms: plain decoding is faster at this load
     modes = []
     for _ in range(60):
@@ -181,6 +181,18 @@ def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
     assert not sw.preferred
     assert PlainSwitch.bucket(1) == 1 and PlainSwitch.bucket(33) == 64 and PlainSwitch.bucket(64) == 64
 
+
+
+def test_plain_switch_stops_probing_soon_when_one_mode_leads_widely():
+    """A probe that confirms the preference by the `wide` lead (here drafting 1.67x plain) sets the interval to its
+    maximum at once; within the margin but short of the wide lead (1.2x), it doubles as before."""
+    from dspark.capacity_control import PlainSwitch
+    for draft_rate, every in ((5.0, 512), (3.6, 256)):       # 1.2x: 64 -> 128 -> 256 after two probes
+        sw = PlainSwitch(probe_every=64, probe_len=2, max_probe_every=512)
+        for _ in range(300):
+            plain = sw.decide(64)
+            sw.record(64, plain, int((3.0 if plain else draft_rate) * 10), 10.0)
+        assert not sw.preferred and sw.every == every, (draft_rate, sw.every)
 
 
 def test_plain_switch_needs_samples_and_backs_off_its_probes():
