@@ -15,7 +15,7 @@ prompts = sweep_prompts(DEFAULT_MODEL, C * WAVES, 128)
 llm = LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=5, capacity="auto", device="cuda", dtype="bfloat16",
           seed=0, max_num_seqs=C, max_num_batched_tokens=max(1024, C * 134), max_model_len=128 + TOKENS + 7,
           enable_prefix_caching=False, kv_cache_memory_bytes=2 * 2**30)
-llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+llm.generate(prompts[:C], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)   # compiles every shape
 steps = collections.defaultdict(list)
 step0 = llm.step
 def step():
