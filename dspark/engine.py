@@ -297,7 +297,8 @@ class ModelRunner:
         elif plan:
             args = [r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], *map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
             greedy = all(r.params.greedy for r, *_ in plan)
-            if greedy and self._draft_ahead(plan, whole and len(plan) == sum(not self._ends(r, t) for r, _, _, t in pending)): return
+            if greedy and self._draft_ahead(plan, whole and len(plan) == sum(
+                    not r.ends_on_length(len(t), self.max_model_len) for r, _, _, t in pending)): return
             if greedy: drafts = pr.propose_greedy(*args)
             else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
             for (r, *_), d in zip(plan, drafts): r.drafts = d
@@ -332,10 +333,6 @@ class ModelRunner:
         if drafts is None: return False
         for (r, _, m, toks), d in zip(pending, drafts): r.drafts = d[:max(0, self._room(r, r.num_computed + m, toks))]
         return True
-
-    def _ends(self, r: Request, toks: list[int]) -> bool:
-        "Whether committing `toks` ends request `r` on length (known before anything else about its next step)."
-        return len(r.output_ids) + len(toks) >= r.params.max_tokens or r.num_tokens + len(toks) >= self.max_model_len
 
     def _plain(self) -> bool:
         "Whether capacity control has switched drafting off at this load (depth 0): steps decode one token each."

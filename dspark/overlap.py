@@ -113,7 +113,7 @@ class DecodeAhead:
 
     def _finishing(self, r) -> bool:
         "Whether this step's token ends request `r` on length (known before the token is)."
-        return len(r.output_ids) + 1 >= r.params.max_tokens or r.num_tokens + 1 >= self.max_model_len
+        return r.ends_on_length(1, self.max_model_len)
 
     def _fits(self, r, pos: int) -> bool:
         """Whether the next step can compute position `pos` of `r` now: its blocks already hold it (the scheduler's
@@ -200,8 +200,7 @@ class RoundAhead:
         for i, (r, n) in enumerate(batch):
             k, a, toks, _ = decided[r.request_id]
             P = r.num_computed + n - k + a          # where the anchor toks[-1] sits
-            if (len(r.output_ids) + len(toks) >= r.params.max_tokens or r.num_tokens + len(toks) >= self.max_model_len):
-                continue                            # finishes on length: no next round
+            if r.ends_on_length(len(toks), self.max_model_len): continue   # finishes on length: no next round
             c = min(K, max(0, room(r, P, toks)))
             if not covered(r, P + 1 + c, bs) or P + c > g.max_pos: return   # see DecodeAhead._fits
             rows.append(r); starts.append(P); lens.append(1 + c); spec.append((i, toks[-1], c))

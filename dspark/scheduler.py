@@ -96,6 +96,10 @@ class Request:         # equality built tuples of every field on each comparison
         return out
     @property
     def num_tokens(self) -> int: return len(self.prompt_ids) + len(self.output_ids)
+    def ends_on_length(self, k: int, max_model_len: int) -> bool:
+        """Whether committing `k` more tokens ends the request on length (its `max_tokens`, or the context): known
+        before the tokens are, so nothing is launched ahead for a request that will not be in the next step."""
+        return len(self.output_ids) + k >= self.params.max_tokens or self.num_tokens + k >= max_model_len
 
 # %% ../nbs/09_scheduler.ipynb #eb8756ae
 class KVCacheManager:
