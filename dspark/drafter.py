@@ -146,7 +146,7 @@ class DSparkDrafter(nn.Module):
         for s, st in enumerate(self.mtp):
             if st.attn.kind not in angles: angles[st.attn.kind] = rope_cos_sin(st.attn.inv_freq.to(feats.device), positions)
             self.rope_kernel(none, *angles[st.attn.kind], self.cfg.rms_norm_eps, st.attn.wkv(main_x), st.attn.kv_norm.weight,
-                             ring.view(-1, ring.shape[-1]), at + s * ring.shape[2])
+                             ring.view(-1, ring.shape[-1]), at + s * ring.shape[2] if s else at)
 
     def block_forward(self, anchor: int, P: int, ctx: list[torch.Tensor]) -> torch.Tensor:
         "Pre-norm hidden `[γ, D]` of the block `[anchor, noise…]` at positions `P…P+γ−1` given context rows."
@@ -160,9 +160,10 @@ class DSparkDrafter(nn.Module):
         `rows [R, S, n, hd]` of which `valid [R, n]` are real (a request's ring, read in place). `[R, γ, D]`."""
         cfg, g, dev = self.cfg, self.block_size, anchors.device
         R = anchors.shape[0]
-        ids = torch.cat([anchors[:, None], torch.full((R, g - 1), cfg.dspark_noise_token_id, device=dev)], dim=1)
+        first, noise, offsets = self._block_consts(dev)
+        ids = torch.where(first, anchors[:, None], noise)                         # [anchor, noise, …]: one launch
         x = self.target.embed(ids)[:, :, None, :].expand(R, g, cfg.hc_mult, -1).contiguous()
-        pos = P[:, None] + torch.arange(g, device=dev)
+        pos = P[:, None] + offsets
         attend = self.attn_kernel if _fast_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
         pre, post_fn, head = self.mhc
         angles = {}   # cos/sin per RoPE table, once per block: an attention's kind fixes its table (`rope_inv_freq`);
@@ -178,6 +179,18 @@ class DSparkDrafter(nn.Module):
             y, post, comb = pre(x, *st.site("ffn"), cfg)
             x = post_fn(st.ffn(st.ffn_norm(y)), x, post, comb)
         return head(x, self.last.hc_head_fn, self.last.hc_head_base, self.last.hc_head_scale, cfg)
+
+    def _block_consts(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A block's fixed parts on `dev`: which row is the anchor `[1, γ]`, the noise ids `[1, γ]` and the row
+        offsets `[γ]` — kept, so a draft step builds its ids and positions in one launch each instead of two. Never
+        kept from inside a CUDA graph capture, where a new tensor's contents are recorded, not written."""
+        have = self.__dict__.setdefault("_consts", {}).get(dev)
+        if have is not None: return have
+        g = self.block_size
+        offsets = torch.arange(g, device=dev)
+        made = (offsets[None] == 0, torch.full((1, g), self.cfg.dspark_noise_token_id, device=dev), offsets)
+        if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()): self._consts[dev] = made
+        return made
 
     def _qkv(self, attn, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Query heads `[R, γ, H, d]` and K=V rows `[R, γ, d]` of a block: `Attention.qkv`, or on the GPU fast path

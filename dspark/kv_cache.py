@@ -277,7 +277,7 @@ def run_layers(model: Transformer, ids: torch.Tensor, attend: Callable, taps: tu
         x = post_fn(attend(blk, blk.attn_norm(y)), x, post, comb)
         y, post, comb = pre(x, *blk.site("ffn"), cfg)
         x = post_fn(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
-        if blk.layer_id in taps: tapped[blk.layer_id] = x[0].float().mean(dim=1)
+        if blk.layer_id in taps: tapped[blk.layer_id] = x[0].mean(dim=1, dtype=torch.float32)   # one launch: no fp32 copy
     return x, tapped
 
 @torch.no_grad()

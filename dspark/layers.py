@@ -105,7 +105,10 @@ def rope_inv_freq(cfg: ModelConfig, compressed: bool) -> torch.Tensor:
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "cos/sin of shape `positions.shape + [r/2]`, in fp32."
     def angles(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ang = p.to(torch.float32)[..., None] * inv_freq.to(p.device)
+        # integer positions promote to fp32 inside the product: one launch fewer than casting them first (the same
+        # values: the product casts each position exactly as `.to(torch.float32)` would)
+        p = p if p.dtype in (torch.int32, torch.int64, torch.float32) else p.to(torch.float32)
+        ang = p[..., None] * inv_freq.to(device=p.device, dtype=torch.float32)
         return ang.cos(), ang.sin()
     return per_token(angles, positions, lead=positions.dim())
 

@@ -80,7 +80,7 @@ class Transformer(nn.Module):
         out = {}
         for layer in self.layers:
             x = layer(x, input_ids)
-            if layer.layer_id in taps: out[layer.layer_id] = x.float().mean(dim=2)
+            if layer.layer_id in taps: out[layer.layer_id] = x.mean(dim=2, dtype=torch.float32)
         return hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.cfg), out
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
