@@ -50,7 +50,7 @@ class DraftContext:
         positions = positions.to(self.pos.device)
         idx = positions % self.size
         S = self.rows.shape[1]
-        self.drafter.context_kv_into(feats, positions, self.rows, (slots * S) * self.size + idx)
+        self.drafter.context_kv_into(feats, positions, self.rows, torch.add(idx, slots, alpha=S * self.size))   # one launch
         self.pos[slots, idx] = positions
 
     def window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,9 +194,11 @@ class DSparkProposer:
     def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
         """The host's side of greedy proposals (here, or made inside a fused round, chapter 28): request i keeps its
         first `n[i]` drafts, and capacity control gets their confidence logits (`conf[i]`, on the host) and whether
-        the drafter saw a complete context window."""
+        the drafter saw a complete context window. A proposal whose confidences were not copied out (`conf[i]` None:
+        made before capacity control asked for them) leaves none: the controller then verifies all of its drafts."""
         if self.confidence is not None:
-            for i, rid in enumerate(rids): self.confidence[rid] = (conf[i][:n[i]], complete[i])
+            for i, rid in enumerate(rids):
+                if conf[i] is not None: self.confidence[rid] = (conf[i][:n[i]], complete[i])
         return [d[:k] for d, k in zip(drafts, n)]
 
 class MTPProposer:
