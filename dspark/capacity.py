@@ -151,7 +151,14 @@ class SPSCurve:
         return cls([(B, 1000.0 / s) for B, s in pts], 0.0, pts[-1][0] if pts else 0)
 
     def verify(self, B: int) -> float:
-        "Verify time of B tokens: the bucket's cost up to the capture limit, interpolated beyond."
+        """Verify time of B tokens: the bucket's cost up to the capture limit, interpolated beyond. Memoised: the
+        controller asks for the same few sizes every step, on the host's critical path."""
+        memo = self.__dict__.setdefault("_memo", {})
+        v = memo.get(B)
+        if v is None: v = memo[B] = self._verify(B)
+        return v
+
+    def _verify(self, B: int) -> float:
         pts = self.verify_ms
         if B <= self.capture_limit:
             return next(v for b, v in pts if b >= B) if B <= pts[-1][0] else pts[-1][1]
