@@ -402,8 +402,8 @@ class CapacityController:
             self.stats.active = active
         self.stats.pruned = False
         if not active:
-            self.stats.bypassed_steps += 1
-            self._time_step(R, R + sum(len(r.drafts) for r in reqs))
+            self.stats.bypassed_steps += 1      # a fused round verifies its graph's rows: no sum over the requests
+            self._time_step(R, rt if rt is not None else R + sum([len(r.drafts) for r in reqs]))
             return
         n = [len(r.drafts) for r in reqs]
         vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
