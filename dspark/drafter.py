@@ -213,10 +213,13 @@ class DSparkDrafter(nn.Module):
         self.rope_kernel(o, cos.reshape(R * g, -1), -sin.reshape(R * g, -1), self.cfg.rms_norm_eps, q_norm=False)
         return attn.project_out(o.to(dtype)).view(R, g, -1)
 
-    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
-        "`U = head(norm(h))` with the last stage's norm and the target's head (or its rowwise-FP8 copy), fp32."
+    def base_logits(self, h: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """`U = head(norm(h))` with the last stage's norm and the target's head (or its rowwise-FP8 copy), fp32.
+        `fp32=False` keeps the head's own dtype, for chapter 32's Markov kernel, which widens each logit as it reads
+        it (the same values; one launch fewer a draft step)."""
         if self.fp8_head is not None: return self.fp8_head(self.last.norm(h))
-        return self.target.head(self.last.norm(h)).float()
+        U = self.target.head(self.last.norm(h))
+        return U.float() if fp32 else U
 
     def use_fp8_head(self) -> str:
         "Draft with a rowwise-FP8 copy of the target's head (the target keeps its own); returns the memory line."
@@ -280,8 +283,9 @@ class DSparkDrafter(nn.Module):
         exactly as `markov_rows` picks it on a greedy row, without the distributions (verification needs none:
         they are one-hot) or the draws."""
         h = self.block_hidden(anchors, P, rows, valid)
-        U, mh, n = self.base_logits(h), self.last.markov_head, min(n, self.block_size)
-        loop = self.markov_kernel if _fast_ok(self.markov_kernel) else markov_greedy   # γ + 1 launches (chapter 32)
+        fast = _fast_ok(self.markov_kernel)                  # γ + 1 launches (chapter 32), reading U as it is
+        U, mh, n = self.base_logits(h, fp32=not fast), self.last.markov_head, min(n, self.block_size)
+        loop = self.markov_kernel if fast else markov_greedy
         return loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)
 
 # %% ../nbs/11_drafter.ipynb #f5e084e2

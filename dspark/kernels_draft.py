@@ -76,7 +76,8 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
             m = v < end
             w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
             mk = _round_fp32(tl.sum(w.to(tl.float32) * e[None, :], 1), ROUND)   # the r→V linear, in its dtype
-            lg = tl.where(m, tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0) + mk, float("-inf"))
+            u = tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0).to(tl.float32)   # 16-bit U: exact
+            lg = tl.where(m, u + mk, float("-inf"))
             t_best = tl.max(lg, 0)
             t_arg = tl.argmax(lg, 0).to(tl.int64) + off
             better = t_best > best                       # strictly: an equal value later in the row loses
@@ -100,7 +101,8 @@ def markov_chunk(R: int, V: int) -> int:
 
 def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                          conf_w: torch.Tensor | None, n: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy Markov drafts for `R` blocks in `n + 1` launches: `U [R, γ, V]` fp32 base logits, `h [R, γ, D]` the
+    """Greedy Markov drafts for `R` blocks in `n + 1` launches: `U [R, γ, V]` base logits (fp32, or the head's 16-bit
+    dtype, widened exactly as each logit is read), `h [R, γ, D]` the
     block's hidden states, `anchors [R]`, `w1 [V, r]` / `w2 [V, r]` the Markov head, `conf_w [D + r]` the
     confidence head (or None). Returns drafts `[R, n]` int64 and confidence logits `[R, n]` fp32 (or None).
     `chunk`: token ids per program (default `markov_chunk`)."""
@@ -356,18 +358,18 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
         ref = draft_block_attention_ref(q, ctx, valid, kv, attn.attn_sink, d ** -0.5)
         if not torch.allclose(out, ref, atol=1e-4, rtol=1e-4):
             return f"block attention differs from sink_attention by {(out - ref).abs().max().item():.3g}"
-        U, h = rnd(1, G, V, scale=4.0), rnd(1, G, cfg.hidden_size).to(dt)
+        U, h = rnd(1, G, V, scale=4.0).to(dt), rnd(1, G, cfg.hidden_size).to(dt)   # U in the head's dtype, as drafted
         anchors, cw = torch.randint(0, V, (1,), generator=gen).to(dev), drafter.last.confidence_head.proj.weight[0]
         w1, w2 = mh.markov_w1.weight, mh.markov_w2.weight
         drafts, conf = markov_greedy_triton(U, h, anchors, w1, w2, cw, G)
-        ref_drafts, ref_conf = markov_greedy_ref(U, h, anchors, w1, w2, cw, G)
+        ref_drafts, ref_conf = markov_greedy_ref(U.float(), h, anchors, w1, w2, cw, G)
         if not torch.allclose(conf, ref_conf, atol=1e-3, rtol=1e-3):
             return f"confidence logits differ from the reference by {(conf - ref_conf).abs().max().item():.3g}"
         miss = (drafts[0] != ref_drafts[0]).nonzero()
         if len(miss):
             k = int(miss[0])
             prev = anchors if k == 0 else ref_drafts[:, k - 1]
-            lg = markov_logits(U[:, k], prev, w1, w2)[0]
+            lg = markov_logits(U[:, k].float(), prev, w1, w2)[0]
             a, b = lg[drafts[0, k]].item(), lg[ref_drafts[0, k]].item()
             if abs(a - b) > 1e-2 * max(1.0, abs(b)):
                 return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"

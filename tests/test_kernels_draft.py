@@ -37,6 +37,11 @@ def test_markov_kernel_equals_the_loop(R, G, V, D, rank, n, dtype):
     assert torch.allclose(conf, ref_conf, atol=1e-4), (conf - ref_conf).abs().max()
     alone, none = markov_greedy_triton(U, h, anchors, w1, w2, None, n)
     assert none is None and torch.equal(alone, ref_drafts)
+    if dtype != torch.float32:                  # the head's own 16-bit logits, widened in the kernel: the same drafts as
+        U16 = U.to(dtype)                       # the reference given them cast to fp32 (no fp32 copy of U is launched)
+        d16, c16 = markov_greedy_triton(U16, h, anchors, w1, w2, cw, n)
+        r16, rc16 = markov_greedy_ref(U16.float(), h, anchors, w1, w2, cw, n)
+        assert torch.equal(d16, r16) and torch.allclose(c16, rc16, atol=1e-4)
 
 
 def test_markov_kernel_breaks_ties_as_argmax():
