@@ -155,16 +155,21 @@ class DSparkDrafter(nn.Module):
         return self.block_hidden(torch.tensor([anchor], device=dev), torch.tensor([P], device=dev), rows,
                                  torch.ones(1, rows.shape[2], dtype=torch.bool, device=dev))[0]
 
-    def block_hidden(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def block_hidden(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,
+                     slots: torch.Tensor | None = None) -> torch.Tensor:
         """`block_forward` for R requests at once: anchors `[R]` at positions `P [R]`, each stage's context rows
-        `rows [R, S, n, hd]` of which `valid [R, n]` are real (a request's ring, read in place). `[R, γ, D]`."""
+        `rows [R, S, n, hd]` of which `valid [R, n]` are real. With `slots [R]`, `rows` is the whole context ring
+        `[rings, S, n, hd]` and request i's rows are ring `slots[i]`: chapter 32's attention reads them where they
+        lie; the torch path gathers them first. `[R, γ, D]`."""
         cfg, g, dev = self.cfg, self.block_size, anchors.device
         R = anchors.shape[0]
+        attend = self.attn_kernel if _fast_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
+        if slots is not None and attend is block_attention: rows, slots = rows[slots], None
+        at = {} if slots is None else {"slots": slots}
         first, noise, offsets = self._block_consts(dev)
         ids = torch.where(first, anchors[:, None], noise)                         # [anchor, noise, …]: one launch
         x = self.target.embed(ids)[:, :, None, :].expand(R, g, cfg.hc_mult, -1).contiguous()
         pos = P[:, None] + offsets
-        attend = self.attn_kernel if _fast_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
         pre, post_fn, head = self.mhc
         angles = {}   # cos/sin per RoPE table, once per block: an attention's kind fixes its table (`rope_inv_freq`);
                       # each stage holds its own copy of it, so the copies' ids never matched (4 launches a stage)
@@ -174,7 +179,7 @@ class DSparkDrafter(nn.Module):
             if st.attn.kind not in angles: angles[st.attn.kind] = rope_cos_sin(st.attn.inv_freq.to(dev), pos)
             cos, sin = angles[st.attn.kind]
             q, kv = self._qkv(st.attn, y, cos, sin)
-            o = attend(q, rows[:, s], valid, kv, st.attn.attn_sink, cfg.head_dim ** -0.5)
+            o = attend(q, rows[:, s], valid, kv, st.attn.attn_sink, cfg.head_dim ** -0.5, **at)
             x = post_fn(self._output(st.attn, o, cos, sin, y.dtype), x, post, comb)
             y, post, comb = pre(x, *st.site("ffn"), cfg)
             x = post_fn(st.ffn(st.ffn_norm(y)), x, post, comb)
@@ -270,19 +275,19 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def propose_rows(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, n: int,
-                     rp: RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     rp: RowParams, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Sampled rounds for R requests in one batch (`block_hidden`'s arguments, settings `rp`): `markov_rows`' result."
-        h = self.block_hidden(anchors, P, rows, valid)
+        h = self.block_hidden(anchors, P, rows, valid, slots)
         return self.markov_rows(self.base_logits(h), h, anchors, rp, P, min(n, self.block_size))
 
     @torch.no_grad()
     def propose_greedy(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,
-                       n: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       n: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy rounds for R requests in one batch (`block_hidden`'s arguments): drafts `[R, n]` and confidence
         logits `[R, n]`, on the device. The Markov loop runs over the batch; each position's token is the argmax,
         exactly as `markov_rows` picks it on a greedy row, without the distributions (verification needs none:
         they are one-hot) or the draws."""
-        h = self.block_hidden(anchors, P, rows, valid)
+        h = self.block_hidden(anchors, P, rows, valid, slots)
         fast = _fast_ok(self.markov_kernel)                  # γ + 1 launches (chapter 32), reading U as it is
         U, mh, n = self.base_logits(h, fp32=not fast), self.last.markov_head, min(n, self.block_size)
         loop = self.markov_kernel if fast else markov_greedy

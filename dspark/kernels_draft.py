@@ -134,10 +134,10 @@ markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch 
 
 # %% ../nbs/32_kernels_draft.ipynb #1e2f1e23
 @triton.jit
-def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, ok_ptr, s_okr, kv_ptr, s_kvr, s_kvt, sink_ptr,
-                       o_ptr, s_or, s_ot, s_oh, part_ptr, cnt_ptr, H, G, NC, NT, Dh, scale, BLOCK_Q: tl.constexpr,
+def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, slot_ptr, ok_ptr, s_okr, kv_ptr, s_kvr, s_kvt,
+                       sink_ptr, o_ptr, s_or, s_ot, s_oh, part_ptr, cnt_ptr, H, G, NC, NT, Dh, scale, BLOCK_Q: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TC: tl.constexpr,
-                       WIDEN: tl.constexpr):
+                       WIDEN: tl.constexpr, SLOTS: tl.constexpr):
     """Program (request, query group, split): the group's `BLOCK_Q` queries (block row · head, all sharing the
     request's keys) against one tile of `BLOCK_N` context rows (split < NT) or the block's own rows (split NT),
     a partial softmax `(max, sum, Σ p·v)` in fp32 stored to `part`. The program that finishes last (a counter per
@@ -145,8 +145,13 @@ def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, ok_ptr, s_okr
     `TC` (16-bit q and keys): both products on tensor cores, exact products with fp32 sums for `q·kᵀ`, and the
     fp32 probabilities split into two 16-bit halves for `p·v`, so the result stays within ~1e-6 of the fp32 one.
     `WIDEN` (Triton's interpreter, whose `dot` multiplies bf16 bit patterns as integers): the same 16-bit operands,
-    widened to fp32 just before each product, which is exact, so CPU tests check everything but the MMA itself."""
+    widened to fp32 just before each product, which is exact, so CPU tests check everything but the MMA itself.
+    `SLOTS`: request r's context rows are row `slot[r]` of the ring `c`, read in place (no gather of the rings first)."""
     r, qg, sp = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    if SLOTS:
+        cr = tl.load(slot_ptr + r).to(tl.int64)
+    else:
+        cr = r
     QG = tl.num_programs(1)
     qi = qg * BLOCK_Q + tl.arange(0, BLOCK_Q)
     t, hh, dd = qi // H, qi % H, tl.arange(0, BLOCK_D)
@@ -156,7 +161,7 @@ def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, ok_ptr, s_okr
     if sp < NT:                                   # a tile of context rows, the masked ones neither loaded nor seen
         j = sp * BLOCK_N + tl.arange(0, BLOCK_N)
         ok = (j < NC) & (tl.load(ok_ptr + r * s_okr + j, mask=j < NC, other=0) != 0)
-        keys = tl.load(c_ptr + r * s_cr + j[:, None] * s_cn + dd[None, :], mask=ok[:, None] & dm[None, :],
+        keys = tl.load(c_ptr + cr * s_cr + j[:, None] * s_cn + dd[None, :], mask=ok[:, None] & dm[None, :],
                        other=0.0)
     else:                                         # the block's own rows: all visible (non-causal)
         j = tl.arange(0, BLOCK_N)
@@ -225,11 +230,14 @@ def _attn_counters(n: int, device: torch.device) -> torch.Tensor:
     return have
 
 def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+                          scale: float, slots: torch.Tensor | None = None) -> torch.Tensor:
     """The drafter's block attention in one launch: queries `q [R, γ, H, d]` over each request's context rows
     `ctx [R, n, d]` (those with `valid [R, n]`), every row of its own block `kv [R, γ, d]` (K = V) and the
-    per-head sink logits `sink [H]`. `[R, γ, H, d]` fp32, as `attention.sink_attention` on the joined keys."""
+    per-head sink logits `sink [H]`. `[R, γ, H, d]` fp32, as `attention.sink_attention` on the joined keys.
+    With `slots [R]`, `ctx` is a whole ring `[rings, n, d]` and request i reads ring `slots[i]` where it lies."""
     R, G, H, Dh = q.shape
+    if slots is not None and slots.shape != (R,):
+        raise ValueError(f"slots must have shape [{R}] (one ring per request), got {tuple(slots.shape)}")
     NC = ctx.shape[1]
     if q.stride(-1) != 1 or ctx.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("q, ctx and kv must have unit stride in their last dim")
@@ -243,10 +251,11 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
     QG, NT = triton.cdiv(G * H, BLOCK_Q), triton.cdiv(NC, BLOCK_N)
     part = torch.empty(R * QG * (NT + 1) * BLOCK_Q * (BLOCK_D + 2), dtype=torch.float32, device=q.device)
     _launch(_block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2),
-            ctx, ctx.stride(0), ctx.stride(1), valid, valid.stride(0), kv, kv.stride(0), kv.stride(1), sink, out,
+            ctx, ctx.stride(0), ctx.stride(1), slots if slots is not None else valid, valid, valid.stride(0), kv,
+            kv.stride(0), kv.stride(1), sink, out,
             out.stride(0), out.stride(1), out.stride(2), part, _attn_counters(R * QG, q.device), H, G, NC, NT, Dh,
             scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TC=tc,
-            WIDEN=tc and q.device.type != "cuda", num_warps=8 if wide or tc else 4)
+            WIDEN=tc and q.device.type != "cuda", SLOTS=slots is not None, num_warps=8 if wide or tc else 4)
     return out
 
 draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 11)
@@ -356,8 +365,11 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
         valid = (torch.rand(1, ctx.shape[1], generator=gen) < 0.5).to(dev)
         out = draft_block_attention(q, ctx, valid, kv, attn.attn_sink, d ** -0.5)
         ref = draft_block_attention_ref(q, ctx, valid, kv, attn.attn_sink, d ** -0.5)
-        if not torch.allclose(out, ref, atol=1e-4, rtol=1e-4):
-            return f"block attention differs from sink_attention by {(out - ref).abs().max().item():.3g}"
+        ring = torch.cat([rnd(2, *ctx.shape[1:]).to(dt), ctx])          # the rows read in place, from ring 2 of 3
+        inplace = draft_block_attention(q, ring, valid, kv, attn.attn_sink, d ** -0.5, slots=torch.tensor([2], device=dev))
+        for got in (out, inplace):
+            if not torch.allclose(got, ref, atol=1e-4, rtol=1e-4):
+                return f"block attention differs from sink_attention by {(got - ref).abs().max().item():.3g}"
         U, h = rnd(1, G, V, scale=4.0).to(dt), rnd(1, G, cfg.hidden_size).to(dt)   # U in the head's dtype, as drafted
         anchors, cw = torch.randint(0, V, (1,), generator=gen).to(dev), drafter.last.confidence_head.proj.weight[0]
         w1, w2 = mh.markov_w1.weight, mh.markov_w2.weight

@@ -144,7 +144,7 @@ class DSparkProposer:
         each request's context window is complete `[R]`, for requests in ring `slots` anchored at `P`. Reads the
         rings in place, masking rows outside `[P − w, P)`; writes nothing."""
         valid, complete = self._window(slots, P)
-        drafts, conf = self.drafter.propose_greedy(anchors, P, self.ctx.rows[slots], valid, n)
+        drafts, conf = self.drafter.propose_greedy(anchors, P, self.ctx.rows, valid, n, slots)   # rings read in place
         return drafts, conf, complete
 
     def _window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +158,7 @@ class DSparkProposer:
         """`draft_tensors` for requests of any sampling settings `rp`: drafts `[R, n]`, confidence logits, context
         complete; the drafts' distributions go to the slots' rows of `q`. Device in, device out (capturable)."""
         valid, complete = self._window(slots, P)
-        drafts, q, conf = self.drafter.propose_rows(anchors, P, self.ctx.rows[slots], valid, n, rp)
+        drafts, q, conf = self.drafter.propose_rows(anchors, P, self.ctx.rows, valid, n, rp, slots)
         self._keep_q(slots, q)
         return drafts, conf, complete
 

@@ -80,6 +80,12 @@ def test_block_attention_equals_sink_attention(R, G, H, Dh, NC, dtype):
     # far below the bf16 rounding the drafter applies to this output next
     tol = 1e-5 if dtype == torch.float32 else 5e-5
     assert out.dtype == torch.float32 and torch.allclose(out, ref, atol=tol), (out - ref).abs().max()
+    # the rings read in place: request i's rows are ring slots[i] of a larger ring (stage 1 of each), no gather first
+    slots = torch.tensor([(2 * i + 1) % (R + 2) for i in range(R)])
+    rings = torch.randn(R + 2, 2, NC, Dh, generator=g).to(dtype)
+    rings[slots] = ring.cpu()
+    inplace = draft_block_attention(q, rings.to(DEV)[:, 1], valid.to(DEV), kv, sink, Dh ** -0.5, slots=slots.to(DEV))
+    assert torch.equal(inplace, out)
 
 
 def test_kernels_cut_the_launches():
@@ -129,9 +135,9 @@ def test_check_passes_and_catches_a_wrong_kernel(tiny_ckpt, monkeypatch):
     monkeypatch.setattr(kd, "markov_greedy_triton", lambda *a: (lambda d, c: ((d + 1) % 512, c))(*good_markov(*a)))
     assert "Markov draft 0" in kd.draft_kernels_check(drafter)
     monkeypatch.setattr(kd, "markov_greedy_triton", good_markov)
-    monkeypatch.setattr(kd, "draft_block_attention", lambda *a: good_attn(*a) * 1.01)
+    monkeypatch.setattr(kd, "draft_block_attention", lambda *a, **k: good_attn(*a, **k) * 1.01)
     assert "block attention differs" in kd.draft_kernels_check(drafter)
-    def broken(*a): raise RuntimeError("PTX assembly failed")
+    def broken(*a, **k): raise RuntimeError("PTX assembly failed")
     monkeypatch.setattr(kd, "draft_block_attention", broken)
     assert kd.draft_kernels_check(drafter) == "RuntimeError: PTX assembly failed"
 
