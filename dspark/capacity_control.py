@@ -20,6 +20,7 @@ import torch
 
 from .capacity import (SPSCurve, LaggedBudget, batch_survival, capture_sizes, check_threshold, graph_bucket,
                              resolve_sps, scheduler_lengths, threshold_lengths)
+from .scheduler import all_plain_greedy
 
 log = logging.getLogger("dspark")
 
@@ -306,7 +307,7 @@ class CapacityController:
         and a round graph for their count), else None."""
         rounds = getattr(getattr(runner, "forward", None), "rounds", None)
         if rounds is None or not getattr(rounds, "graphs", None): return None
-        if not all(r.params.greedy and r.params.logprobs is None for r in reqs): return None
+        if not all_plain_greedy(reqs): return None
         return rounds.rows(len(reqs))
 
     def _fill_round(self, lengths: list[int], n: list[int], round_tokens: int | None) -> list[int]:

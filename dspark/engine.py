@@ -29,7 +29,7 @@ from .kv_cache import PagedKVCache, SeqView, cache_format, forward_cached, plan_
 from .layers import batch_invariant
 from .model import Transformer
 from .sampling import RowParams, SamplingParams, on_device, row_probs, stream_key
-from .scheduler import KVCacheManager, Request, Scheduler, SchedulerConfig
+from .scheduler import KVCacheManager, Request, Scheduler, SchedulerConfig, all_plain_greedy
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("dspark")
@@ -137,7 +137,7 @@ class ModelRunner:
         feats: list[torch.Tensor] = []
         if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
             for r, _ in batch: pr.claim(r.slot, r.request_id)
-        greedy = all(r.params.greedy and r.params.logprobs is None for r, _ in batch)
+        greedy = all_plain_greedy([r for r, _ in batch])
         rounds = getattr(self.forward, "rounds", None)             # chapter 28: verify, accept and draft in one graph
         compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
         if greedy and rounds is not None and not self._plain() and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
