@@ -5,18 +5,12 @@ capacity control with its plain switch detached. Per run: tok/s, engine steps, r
 and behind a draft step) and dropped, plain steps, and the host time spent inside the controller.
 OUT=. [C=64] [WAVES=4] [REPEATS=8] [TOKENS=128] [NAME=capacity_ab] python capacity_ab.py"""
 import collections, json, os, statistics, time, torch
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import _capacity_attached, _sweep_run, sweep_prompts
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.capacity_control import _capacity_attached, _sweep_run
+from dspark.engine import frozen_heap
+from steady_engine import steady_engine
 
 OUT = os.environ["OUT"]
-C, WAVES, REPEATS, TOKENS = (int(os.environ.get(k, d)) for k, d in (("C", 64), ("WAVES", 4), ("REPEATS", 8), ("TOKENS", 128)))
-prompts = sweep_prompts(DEFAULT_MODEL, C * WAVES, 128)
-llm = LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=5, capacity="auto", device="cuda", dtype="bfloat16",
-          seed=0, max_num_seqs=C, max_num_batched_tokens=max(1024, C * 134), max_model_len=128 + TOKENS + 7,
-          enable_prefix_caching=False, kv_cache_memory_bytes=2 * 2**30)
-llm.generate(prompts[:C], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+C, WAVES, REPEATS, TOKENS, prompts, llm = steady_engine(8)
 cap, ra, da = llm.runner.capacity, llm.runner.round_ahead, llm.runner.ahead
 inside = collections.Counter()
 for name in ("apply", "bypasses"):

@@ -4,18 +4,12 @@ trained default model, bf16, graphs): `WAVES x C` requests, at most C in flight,
 host's time per step, and a cProfile of the engine's steps (top functions by own time).
 OUT=. [C=64] [WAVES=4] [REPEATS=3] [TOKENS=128] python capacity_host_profile.py"""
 import collections, cProfile, io, json, os, pstats, statistics, time, torch
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import _capacity_attached, _sweep_run, sweep_prompts
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.capacity_control import _capacity_attached, _sweep_run
+from dspark.engine import frozen_heap
+from steady_engine import steady_engine
 
 OUT = os.environ["OUT"]
-C, WAVES, REPEATS, TOKENS = (int(os.environ.get(k, d)) for k, d in (("C", 64), ("WAVES", 4), ("REPEATS", 3), ("TOKENS", 128)))
-prompts = sweep_prompts(DEFAULT_MODEL, C * WAVES, 128)
-llm = LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=5, capacity="auto", device="cuda", dtype="bfloat16",
-          seed=0, max_num_seqs=C, max_num_batched_tokens=max(1024, C * 134), max_model_len=128 + TOKENS + 7,
-          enable_prefix_caching=False, kv_cache_memory_bytes=2 * 2**30)
-llm.generate(prompts[:C], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)   # compiles every shape
+C, WAVES, REPEATS, TOKENS, prompts, llm = steady_engine(3)
 steps = collections.defaultdict(list)
 step0 = llm.step
 def step():
