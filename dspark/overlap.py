@@ -77,7 +77,7 @@ class DecodeAhead:
         self.matched = None
         if not batch or len(batch) > self.g.max_tokens: return False
         for r, n in batch:
-            if n != 1 or r.num_tokens - r.num_computed != 1 or not r.params.greedy or r.params.logprobs is not None: return False
+            if n != 1 or r.num_tokens - r.num_computed != 1 or not r.plain_greedy: return False
         if self.pending is not None and (m := self.pending.match(batch)) is not None:
             self.matched = m
             return True
