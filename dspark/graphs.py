@@ -259,13 +259,13 @@ class StepView:
         """cos/sin at the step's positions for a layer's table. A model has two tables (`rope_inv_freq`: sliding,
         compressed), so a step computes each once instead of once per layer."""
         if compressed not in self.angles:
-            cos, sin = rope_cos_sin(inv, self.pos)
-            self.angles[compressed] = cos, sin, -sin
-        return self.angles[compressed][:2]
+            self.angles[compressed] = rope_cos_sin(inv, self.pos)
+        return self.angles[compressed]
 
     def unrope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        "cos and −sin for the inverse rotation of the attention output (after `rope` for the same table)."
-        return self.angles[compressed][0], self.angles[compressed][2]
+        """cos and sin for the inverse rotation of the attention output (after `rope` for the same table): the kernel
+        negates the angle itself (`inverse=True`), so no `-sin` launch."""
+        return self.angles[compressed]
 
 def x_linears(attn: Attention) -> list[nn.Linear]:
     """The linear maps of a layer's attention that read its input `x`, in a fixed order: `wq_a`, `wkv`, then the
@@ -340,13 +340,15 @@ def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView,
         if entries is not None: entries, esc = cache.packed(entries)
     o = sparse_attention(q, win, attn.attn_sink, meta, cfg.sliding_window, cfg.head_dim ** -0.5, entries, r, idx,
                          window_scales=wsc, entry_scales=esc, rope_dim=rope if cache.cc.fp8 else 0, splits=None)
-    qkv_rope_insert_(o, *st.unrope(attn.kind != SLIDING), cfg.rms_norm_eps, q_norm=False)   # inverse RoPE, in place
-    return attn.project_out(o.to(x.dtype))
+    # inverse RoPE, written in the projection's dtype by the same launch (in place when that is the output's own)
+    ob = None if o.dtype == x.dtype else torch.empty(o.shape, dtype=x.dtype, device=o.device)
+    o = qkv_rope_insert_(o, *st.unrope(attn.kind != SLIDING), cfg.rms_norm_eps, q_norm=False, inverse=True, out=ob)[0]
+    return attn.project_out(o)
 
 # %% ../nbs/26_cuda_graphs.ipynb #48173354
 @dataclass
 class StepOutputs:
-    logits: torch.Tensor                  # [N, V] fp32
+    logits: torch.Tensor                  # [N, V] fp32 (the head's dtype with `fp32_logits=False`)
     features: torch.Tensor | None = None  # [N, len(taps)·D] fp32: the DSpark drafter's context features
     finals: torch.Tensor | None = None    # [N, hc, D]: the MTP layer's input
 
@@ -354,13 +356,15 @@ class StepOutputs:
 def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: tuple[int, ...] = (),
                    finals: bool = False, mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head),
                    context: Callable | None = None, ragged: bool = False,
-                   logits_out: torch.Tensor | None = None) -> StepOutputs:
+                   logits_out: torch.Tensor | None = None, fp32_logits: bool = True) -> StepOutputs:
     """The target forward of the first `n` rows of `buf` (padding included): no host synchronisation, fixed shapes.
     `context(ring_slot [n], live [n], features [n, m·D], pos [n], last)`, if given, consumes the tapped features
     inside the step (the DSpark context-ring update: `DSparkProposer.write_context`); `last` is `None` unless the
     step is `ragged` (chunks of any length: a prefill), when it is each token's request's last position in the
     step. `logits_out [≥ n, V]` fp32: write the logits there, so graphs that share it keep no logits of their own
-    (the head's cast to fp32 becomes the copy into it: no extra launch in bf16)."""
+    (the head's cast to fp32 becomes the copy into it: no extra launch in bf16). `fp32_logits=False`: the head's own
+    dtype, for a caller that only takes the argmax (chapter 28's round: the cast is exact, so the argmax is the same,
+    and it saves a launch)."""
     buf.unpack(n)                                       # the step's rows, sent as one block, into their fields
     cfg, st = model.cfg, StepView.of(buf, n, ragged)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
@@ -368,7 +372,8 @@ def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: t
     feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
     if context is not None: context(st.ring_slot, st.live, feats, st.pos, st.last if ragged else None)
     h = mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg)[0]
-    if logits_out is None: logits = model.head_logits(h)
+    if not fp32_logits: logits = model.head(model.norm(h))
+    elif logits_out is None: logits = model.head_logits(h)
     else: logits = logits_out[:n].copy_(model.head(model.norm(h)))   # `head_logits` outside batch-invariant mode
     return StepOutputs(logits, feats, x[0] if finals else None)
 

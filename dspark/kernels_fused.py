@@ -25,43 +25,58 @@ __all__ = ['qkv_rope_insert_', 'qkv_rope_insert_ref', 'step_slots', 'attend_batc
 
 # %% ../nbs/20_kernels_fused.ipynb #60fddbcc
 @triton.jit
-def _norm_rope_row(ptr, w_ptr, c, s, k, eps, D: tl.constexpr, R2: tl.constexpr, BLOCK_D: tl.constexpr,
+def _cast(v, ty: tl.constexpr):
+    """`v` in dtype `ty`, rounded as torch rounds (to nearest, ties to even). Into bf16 by hand: Triton's interpreter
+    truncates that cast, and the CPU tests compare bit for bit."""
+    if ty == tl.bfloat16:
+        u = v.to(tl.float32).to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        v = u.to(tl.float32, bitcast=True)
+    return v.to(ty)
+
+@triton.jit
+def _norm_rope_row(ptr, dst, w_ptr, c, s, k, eps, D: tl.constexpr, R2: tl.constexpr, BLOCK_D: tl.constexpr,
                    NORM: tl.constexpr, HAS_W: tl.constexpr):
-    "Normalise one row in place (optionally weighted) and rotate its last `2·R2` channels; returns the new values."
+    """Normalise one row (optionally weighted) and rotate its last `2·R2` channels, written to `dst` (the row itself
+    when in place, or a row of another dtype: the rounding a cast after the kernel would do); returns the new values."""
     dd = tl.arange(0, BLOCK_D)
     x = tl.load(ptr + dd, mask=dd < D, other=0.0)
+    ty = dst.dtype.element_ty
     inv = 1.0
     if NORM: inv = tl.rsqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), 0) / D + eps)
     y = x.to(tl.float32) * inv
     if HAS_W: y = tl.load(w_ptr + dd, mask=dd < D, other=0.0).to(tl.float32) * y
     y = y.to(x.dtype)
-    tl.store(ptr + dd, y, mask=dd < D - 2 * R2)                           # the "nope" channels
     ev = D - 2 * R2 + 2 * k                                                # pairs (2k, 2k + 1) of the rope channels
     a = tl.load(ptr + ev, mask=k < R2, other=0.0).to(tl.float32) * inv
     b = tl.load(ptr + ev + 1, mask=k < R2, other=0.0).to(tl.float32) * inv
-    if HAS_W:
+    tl.store(dst + dd, _cast(y, ty), mask=dd < D - 2 * R2)   # the "nope" channels (after the
+    if HAS_W:                                                              # loads: in place, dst is ptr)
         a = tl.load(w_ptr + ev, mask=k < R2, other=0.0).to(tl.float32) * a
         b = tl.load(w_ptr + ev + 1, mask=k < R2, other=0.0).to(tl.float32) * b
     a, b = a.to(x.dtype).to(tl.float32), b.to(x.dtype).to(tl.float32)   # the reference rounds before rotating
     ra, rb = (a * c - b * s).to(x.dtype), (a * s + b * c).to(x.dtype)
-    tl.store(ptr + ev, ra, mask=k < R2)
-    tl.store(ptr + ev + 1, rb, mask=k < R2)
+    tl.store(dst + ev, _cast(ra, ty), mask=k < R2)           # as torch's cast rounds
+    tl.store(dst + ev + 1, _cast(rb, ty), mask=k < R2)
     return y, ra, rb
 
 @triton.jit
-def _qkv_rope_kernel(q_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, cache_ptr, H, eps,
-                     sq_t, sq_h, skv_t, scs_t, sc_slot,
+def _qkv_rope_kernel(q_ptr, o_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, cache_ptr, H, eps,
+                     sq_t, sq_h, so_t, so_h, skv_t, scs_t, sc_slot,
                      D: tl.constexpr, DQ: tl.constexpr, R2: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_DQ: tl.constexpr, BLOCK_R: tl.constexpr, Q_NORM: tl.constexpr, HAS_KV: tl.constexpr,
-                     WRITE: tl.constexpr):
+                     WRITE: tl.constexpr, INVERSE: tl.constexpr):
     t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     k = tl.arange(0, BLOCK_R)
     c = tl.load(cos_ptr + t * scs_t + k, mask=k < R2, other=0.0)
     s = tl.load(sin_ptr + t * scs_t + k, mask=k < R2, other=0.0)
+    if INVERSE: s = -s                                                     # rotate back: the angle's negative
     if h < H:
-        _norm_rope_row(q_ptr + t * sq_t + h * sq_h, w_ptr, c, s, k, eps, DQ, R2, BLOCK_DQ, Q_NORM, False)
+        _norm_rope_row(q_ptr + t * sq_t + h * sq_h, o_ptr + t * so_t + h * so_h, w_ptr, c, s, k, eps, DQ, R2, BLOCK_DQ,
+                       Q_NORM, False)
     elif HAS_KV:   # the last program of each token: the K=V row, then its window slot
-        y, ra, rb = _norm_rope_row(kv_ptr + t * skv_t, w_ptr, c, s, k, eps, D, R2, BLOCK_D, True, True)
+        row = kv_ptr + t * skv_t
+        y, ra, rb = _norm_rope_row(row, row, w_ptr, c, s, k, eps, D, R2, BLOCK_D, True, True)
         slot = tl.load(slot_ptr + t) if WRITE else -1     # no cache to write: no slots tensor to read
         if slot >= 0:
             dst = cache_ptr + slot * sc_slot
@@ -73,14 +88,21 @@ def _qkv_rope_kernel(q_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, cache_ptr
 
 def qkv_rope_insert_(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, kv: torch.Tensor | None = None,
                      kv_weight: torch.Tensor | None = None, window_cache: torch.Tensor | None = None,
-                     slots: torch.Tensor | None = None, q_norm: bool = True):
+                     slots: torch.Tensor | None = None, q_norm: bool = True, inverse: bool = False,
+                     out: torch.Tensor | None = None):
     """In place: `q [N, H, dq]` ← RoPE(RMSNorm(q)) per head (`q_norm=False`: RoPE only, for the indexer's
     query); `kv [N, d]` ← RoPE(`kv_weight` ⊙ RMSNorm(kv)), also written to `window_cache [blocks, bs, d]` at the
-    flat slots `slots [N]` (-1 = skip). `cos`, `sin`: `[N, r/2]` fp32 at each token's position. Returns `(q, kv)`."""
+    flat slots `slots [N]` (-1 = skip). `cos`, `sin`: `[N, r/2]` fp32 at each token's position. `inverse`: rotate
+    by the negative angles (the attention output's way back, without a `-sin` launch). `out [N, H, dq]` (any
+    dtype): q's result goes there instead of into q (the attention output's cast for its projection, without a
+    launch of its own). Returns `(out or q, kv)`."""
     N, H, dq = q.shape
     if q.stride(-1) != 1 or (kv is not None and kv.stride(-1) != 1):
         raise ValueError("q and kv must have unit stride in their last dim (they are updated in place)")
-    if N == 0: return q, kv
+    if out is not None and (out.shape != q.shape or out.stride(-1) != 1):
+        raise ValueError(f"out must have q's shape {tuple(q.shape)} and unit stride in its last dim, got {tuple(out.shape)}")
+    dst = q if out is None else out
+    if N == 0: return dst, kv
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     has_kv = kv is not None
     d = kv.shape[-1] if has_kv else dq
@@ -88,16 +110,20 @@ def qkv_rope_insert_(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps:
     cache = window_cache.view(-1, d) if write else q
     R2 = cos.shape[-1]
     _qkv_rope_kernel[(N, H + int(has_kv))](
-        q, kv if has_kv else q, kv_weight if has_kv else q, cos, sin, slots if write else cos, cache, H, eps,
-        q.stride(0), q.stride(1), kv.stride(0) if has_kv else 0, cos.stride(0), cache.stride(0),
+        q, dst, kv if has_kv else q, kv_weight if has_kv else q, cos, sin, slots if write else cos, cache, H, eps,
+        q.stride(0), q.stride(1), dst.stride(0), dst.stride(1), kv.stride(0) if has_kv else 0, cos.stride(0), cache.stride(0),
         D=d, DQ=dq, R2=R2, BLOCK_D=triton.next_power_of_2(d), BLOCK_DQ=triton.next_power_of_2(dq),
-        BLOCK_R=triton.next_power_of_2(R2), Q_NORM=q_norm, HAS_KV=has_kv, WRITE=write)
-    return q, kv
+        BLOCK_R=triton.next_power_of_2(R2), Q_NORM=q_norm, HAS_KV=has_kv, WRITE=write, INVERSE=inverse)
+    return dst, kv
 
 # %% ../nbs/20_kernels_fused.ipynb #eb6c653e
-def qkv_rope_insert_ref(q, cos, sin, eps, kv=None, kv_weight=None, window_cache=None, slots=None, q_norm=True):
-    "Reference for `qkv_rope_insert_` (new tensors; writes the cache): `Attention.qkv` and `attend_cached`'s insert."
+def qkv_rope_insert_ref(q, cos, sin, eps, kv=None, kv_weight=None, window_cache=None, slots=None, q_norm=True,
+                        inverse=False, out=None):
+    """Reference for `qkv_rope_insert_` (new tensors, or q's result copied into `out`; writes the cache):
+    `Attention.qkv` and `attend_cached`'s insert, and with `inverse` `Attention.output`'s rotation back."""
+    if inverse: sin = -sin
     q = apply_rope(rms_norm(q, eps).to(q.dtype) if q_norm else q, cos.unsqueeze(-2), sin.unsqueeze(-2))
+    if out is not None: q = out.copy_(q)
     if kv is None: return q, None
     kv = apply_rope((kv_weight.float() * rms_norm(kv, eps)).to(kv.dtype), cos, sin)
     if window_cache is not None and slots is not None:

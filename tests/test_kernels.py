@@ -125,6 +125,29 @@ def test_qkv_rope_insert_matches_reference():
     assert int((cache != 0).any(-1).sum()) == 4
 
 
+def test_rope_inverse_into_bf16_matches_rotate_back_then_cast():
+    """`inverse=True, out=` (the attention output's way back to its projection): the same values as rotating by
+    `-sin` in place and casting afterwards, bit for bit in bf16, and q itself untouched; rotating forward then back
+    returns the input. A wrong `out` is refused."""
+    g = torch.Generator().manual_seed(1)
+    cos, sin = rope_cos_sin(rope_inv_freq(preset("tiny"), compressed=False), torch.tensor([7, 0, 63, 2]))
+    cos, sin = cos.to(DEV), sin.to(DEV)
+    o = _rand(g, 4, 3, 128)
+    before = o.clone()
+    ob = torch.empty(o.shape, dtype=torch.bfloat16, device=DEV)
+    got = qkv_rope_insert_(o, cos, sin, 1e-6, q_norm=False, inverse=True, out=ob)[0]
+    assert got is ob and torch.equal(o, before)
+    want = qkv_rope_insert_(o.clone(), cos, -sin, 1e-6, q_norm=False)[0].to(torch.bfloat16)
+    assert torch.equal(ob, want)
+    ref = qkv_rope_insert_ref(o, cos, sin, 1e-6, q_norm=False, inverse=True)[0]
+    assert (ob.float() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    there = qkv_rope_insert_(o.clone(), cos, sin, 1e-6, q_norm=False)[0]
+    back = qkv_rope_insert_(there, cos, sin, 1e-6, q_norm=False, inverse=True)[0]
+    assert (back - before).abs().max() <= TOL
+    with pytest.raises(ValueError, match="out must have q's shape"):
+        qkv_rope_insert_(o, cos, sin, 1e-6, q_norm=False, inverse=True, out=ob[:2])
+
+
 def _on_dev(model):
     "The shared CPU fixture, or a copy of it on the GPU (where Triton is compiled for CUDA tensors)."
     return model if DEV == "cpu" else copy.deepcopy(model).to(DEV)
