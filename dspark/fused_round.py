@@ -99,16 +99,18 @@ class RoundGraphs:
         host mirror, the verification is copied out as soon as it exists and an event marks it; the drafts are copied
         out behind the graph (`snapshot`), not inside it: a copy node costs ~6 µs of idle device on each side."""
         g, buf, n = self.g, self.g.buf, R * self.width
-        out = forward_static(g.model, g.cache, buf, n, g.taps, g.finals, g.mhc, g.context)
+        out = forward_static(g.model, g.cache, buf, n, g.taps, g.finals, g.mhc, g.context, fp32_logits=False)   # argmax only
         verified = torch.empty(n + R, dtype=torch.long, device=out.logits.device)
         torch.argmax(out.logits[:n], -1, out=verified[:n])
         # accepted drafts after the argmax, then each request's anchor (the token after them), its position and ring;
         # with chapter 32's kernels on, one launch instead of ~25
         hand = round_handover_triton if getattr(self.pr.drafter, "markov_kernel", None) is not None else round_handover
+        publish = {"host": self.host} if self.host is not None and hand is round_handover_triton else {}
         anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], self.drafts[:R], buf.tok_pos[:n],
-                                 buf.ring_slot[:n], self.pr.ctx.scratch, self.width)
-        if self.host is not None:
-            self.host[:n + R].copy_(verified, non_blocking=True); self.event.record()
+                                 buf.ring_slot[:n], self.pr.ctx.scratch, self.width, **publish)
+        if self.host is not None:                  # the kernel wrote the host's copy itself, or a copy node does
+            if not publish: self.host[:n + R].copy_(verified, non_blocking=True)
+            self.event.record()
         drafts, conf, complete = self.pr.draft_tensors(slots, anchors, P, self.K)
         res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float(),
                            torch.cat([anchors[:, None], drafts], 1).reshape(-1))

@@ -262,10 +262,12 @@ draft_block_attention_ref = block_attention   # the reference: the drafter's own
 
 # %% ../nbs/32_kernels_draft.ipynb #08a8c222
 @triton.jit
-def _handover_kernel(v_ptr, ids_ptr, first_ptr, drafts_ptr, pos_ptr, ring_ptr, anchor_ptr, P_ptr, slot_ptr, N,
-                     scratch, W, BLOCK_W: tl.constexpr):
+def _handover_kernel(v_ptr, ids_ptr, first_ptr, drafts_ptr, pos_ptr, ring_ptr, anchor_ptr, P_ptr, slot_ptr, host_ptr, N,
+                     scratch, W, BLOCK_W: tl.constexpr, PUBLISH: tl.constexpr):
     """Program i: request i's accepted drafts (the leading run of rows whose argmax is the next row's token), written
-    after the rows' argmax in `v`, then its new anchor, that anchor's position and its context-ring slot."""
+    after the rows' argmax in `v`, then its new anchor, that anchor's position and its context-ring slot. `PUBLISH`:
+    also request i's rows of `v` and its accepted count, into the same places of `host` (pinned host memory, which
+    the GPU writes directly)."""
     i = tl.program_id(0)
     f = tl.load(first_ptr + i)
     d = tl.load(drafts_ptr + i)
@@ -275,21 +277,31 @@ def _handover_kernel(v_ptr, ids_ptr, first_ptr, drafts_ptr, pos_ptr, ring_ptr, a
     ok = live & (tl.load(v_ptr + rows, mask=live, other=0) == tl.load(ids_ptr + rows + 1, mask=live, other=0))
     a = tl.min(tl.where(ok, BLOCK_W, j), 0)                 # the first row that does not match (BLOCK_W > W − 1)
     tl.store(v_ptr + N + i, a.to(tl.int64))
+    if PUBLISH:                                             # padding requests rewrite row 0 with its own value
+        mine = (j <= d) & (f + j < N)
+        tl.store(host_ptr + f + j, tl.load(v_ptr + f + j, mask=mine, other=0), mask=mine)
+        tl.store(host_ptr + N + i, a.to(tl.int64))
     tl.store(anchor_ptr + i, tl.load(v_ptr + f + a))
     p0 = tl.load(pos_ptr + f).to(tl.int64)
     tl.store(P_ptr + i, tl.maximum(p0 + a + 1, 0))
     tl.store(slot_ptr + i, tl.where(p0 >= 0, tl.load(ring_ptr + f), scratch).to(tl.int64))
 
 def round_handover_triton(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
-                          tok_pos: torch.Tensor, ring_slot: torch.Tensor, scratch: int, width: int):
+                          tok_pos: torch.Tensor, ring_slot: torch.Tensor, scratch: int, width: int,
+                          host: torch.Tensor | None = None):
     """`fused_round.round_handover` in one launch: writes the accepted drafts after the argmax in `verified` and
-    returns `(anchors, P, slots)` `[R]` int64."""
+    returns `(anchors, P, slots)` `[R]` int64. `host` (a pinned int64 buffer of at least `N + R`): the kernel also
+    writes there what the host reads of `verified` (each request's rows, the accepted counts), so a captured round
+    needs no copy node for them (a copy node left ~6 µs of idle device on each side, chapter 28)."""
     N, R = ids.shape[0], first.shape[0]
     if verified.shape[0] != N + R or not verified.is_contiguous():
         raise ValueError(f"verified must be a contiguous [N + R] = [{N + R}] buffer, got {list(verified.shape)}")
+    if host is not None and (host.dtype != torch.long or host.dim() != 1 or host.shape[0] < N + R or not host.is_contiguous()):
+        raise ValueError(f"host must be a contiguous int64 buffer of at least {N + R} entries, got {host.dtype} {list(host.shape)}")
     anchors, P, slots = (torch.empty(R, dtype=torch.long, device=verified.device) for _ in range(3))
-    if R: _launch(_handover_kernel, (R,), verified, ids, first, drafts, tok_pos, ring_slot, anchors, P, slots, N,
-                  scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)))
+    if R: _launch(_handover_kernel, (R,), verified, ids, first, drafts, tok_pos, ring_slot, anchors, P, slots,
+                  verified if host is None else host, N, scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)),
+                  PUBLISH=host is not None)
     return anchors, P, slots
 
 # %% ../nbs/32_kernels_draft.ipynb #dfb657ae
@@ -395,6 +407,11 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
         ref, fast = round_handover(v_ref, *args), round_handover_triton(v_fast, *args)
         if not (torch.equal(v_ref, v_fast) and all(torch.equal(a, b) for a, b in zip(ref, fast))):
             return f"round handover: accepted {v_fast[-2:].tolist()}, the reference {v_ref[-2:].tolist()}"
+        host = torch.full((G + 5,), -9, dtype=torch.long, pin_memory=dev.type == "cuda")   # as a captured round writes it
+        round_handover_triton(torch.cat([top, z(-1, -1)]), *args, host=host)
+        if dev.type == "cuda": torch.cuda.synchronize()
+        if host[:G + 4].tolist() != v_fast.tolist():
+            return f"round handover's copy for the host: {host[:G + 4].tolist()}, the verification {v_fast.tolist()}"
         from dspark.speculative import DraftContext           # (chapter 13 imports the drafter, not this module)
         ring = DraftContext(drafter, 2, dev)
         ring.pos[0] = torch.randperm(ring.size, generator=gen).to(dev) - 3      # some places empty (−1 and below)

@@ -191,6 +191,17 @@ def test_round_handover_kernel_equals_the_reference(width):
     assert 0 < int(v_ref[N:].sum()) < int(drafts.sum())           # some drafts accepted, not all
     with pytest.raises(ValueError, match="verified must be"):
         round_handover_triton(v_fast[:-1], *args())
+    # with a host buffer (pinned on a GPU, written by the kernel itself): each request's rows and the accepted counts
+    host = torch.full((N + R + 2 + 4,), -5, dtype=torch.long, pin_memory=DEV == "cuda")
+    v_pub = torch.cat([top, torch.full((R + 2,), -7)]).to(DEV)
+    assert all(torch.equal(a, b) for a, b in zip(round_handover_triton(v_pub, *args(), host=host), ref))
+    if DEV == "cuda": torch.cuda.synchronize()
+    rows = int((drafts + 1)[:R].sum())
+    assert host[:rows].tolist() == v_ref[:rows].tolist() and host[N:N + R].tolist() == v_ref[N:N + R].tolist()
+    assert (host[rows:N] == -5).all() or host[rows:N].tolist() == v_ref[rows:N].tolist()   # padding: untouched or equal
+    assert (host[N + R + 2:] == -5).all()                          # nothing past the accepted counts
+    with pytest.raises(ValueError, match="host must be"):
+        round_handover_triton(v_pub, *args(), host=host[:N])
 
 
 @pytest.mark.parametrize("w,size", [(6, 11), (64, 69), (5, 5)])
