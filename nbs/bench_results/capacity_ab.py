@@ -12,11 +12,16 @@ from steady_engine import steady_engine
 OUT = os.environ["OUT"]
 C, WAVES, REPEATS, TOKENS, prompts, llm = steady_engine(8)
 cap, ra, da = llm.runner.capacity, llm.runner.round_ahead, llm.runner.ahead
-inside = collections.Counter()
-for name in ("apply", "bypasses"):
+inside, depth = collections.Counter(), [0]
+for name in ("apply", "bypasses", "_switch", "_time_step", "_round_tokens"):
     fn = getattr(cap, name)
-    def wrap(*a, _fn=fn, _n=name, **k):
-        t = time.perf_counter(); out = _fn(*a, **k); inside[_n] += time.perf_counter() - t; return out
+    def wrap(*a, _fn=fn, _n=name, **k):      # time spent in `apply`, and in its parts; `bypasses` outside it (the gates)
+        key = _n if _n == "apply" or depth[0] == 0 else f"apply:{_n}"
+        depth[0] += _n == "apply"
+        t = time.perf_counter()
+        try: return _fn(*a, **k)
+        finally:
+            inside[key] += time.perf_counter() - t; depth[0] -= _n == "apply"
     setattr(cap, name, wrap)
 nsteps = [0]
 step0 = llm.step
@@ -37,11 +42,13 @@ for rep in range(REPEATS + 1):                      # rep 0 learns the switch's 
         c1 = (ra.used, ra.dropped, ra.first, da.used if da else 0, da.dropped if da else 0, nsteps[0])
         r.update(dict(zip(("rounds_ahead_used", "rounds_ahead_dropped", "first_rounds", "decode_ahead_used",
                            "decode_ahead_dropped", "steps"), (b - a for a, b in zip(c0, c1)))),
-                 rep=rep, position=order.index(arm), controller_ms=round(1e3 * sum(inside.values()), 2))
+                 rep=rep, position=order.index(arm),
+                 controller_ms=round(1e3 * sum(v for k, v in inside.items() if not k.startswith("apply:")), 2),
+                 controller_parts_ms={k: round(1e3 * v, 2) for k, v in inside.items()})
         r.pop("switch_rates", None)
         if rep: runs[arm].append(r)
         print(arm, rep, round(r["tok_s"], 1), {k: r[k] for k in ("steps", "rounds_ahead_used", "first_rounds",
-              "rounds_ahead_dropped", "plain_steps", "bypassed_steps", "active_steps", "controller_ms")}, flush=True)
+              "rounds_ahead_dropped", "plain_steps", "bypassed_steps", "active_steps", "controller_ms", "controller_parts_ms")}, flush=True)
 cap.switch = switch
 res = {"gpu": torch.cuda.get_device_name(), "C": C, "waves": WAVES, "tokens": TOKENS, "runs": runs, "paired": {}}
 for arm in ARMS[1:]:

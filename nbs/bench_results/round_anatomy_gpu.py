@@ -87,7 +87,7 @@ marks = {"wait": [], "read_end": [], "launch_end": []}
 read0, launch0 = FR.RoundGraphs.read, FR.RoundGraphs._replay   # every round's replay (laid out by the host or advanced)
 def read(self, handle):
     t0 = time.perf_counter()
-    if self.host is not None: self.events[0].synchronize()
+    if self.host is not None: self.event.synchronize()
     t1 = time.perf_counter()
     r = read0(self, handle)
     marks["wait"].append(t1 - t0); marks["read_end"].append(time.perf_counter())
