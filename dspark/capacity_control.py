@@ -211,6 +211,7 @@ class CapacityConfig:
     plain_switch: bool = True              # depth 0 (plain decoding) above an automatic knee when it commits more tokens/ms
     log_interval: int = 200
     profile_context: int = 64
+    coast: int = 14                        # bypassed steps at a steady load skipped between two full decisions
 
     def __post_init__(self):
         if self.policy not in POLICIES: raise ValueError(f"capacity policy must be one of {POLICIES}, got {self.policy!r}")
@@ -219,6 +220,8 @@ class CapacityConfig:
             raise ValueError(f"capacity activation must be None (automatic) or an integer >= 1 requests, got {self.activation!r}")
         if not isinstance(self.depth_window, int) or self.depth_window < 1:
             raise ValueError(f"depth_window must be an integer >= 1, got {self.depth_window!r}")
+        if not isinstance(self.coast, int) or isinstance(self.coast, bool) or self.coast < 0:
+            raise ValueError(f"coast must be an integer >= 0 (steps), got {self.coast!r}")
         if isinstance(self.sps, str) and self.sps != "auto" and not Path(self.sps).is_file():
             raise ValueError(f"capacity sps must be 'auto' or an existing curve file, got {self.sps!r}")
 
@@ -243,6 +246,7 @@ class CapacityStats:
     bucket: int = 0                        # graph size of the last active step (0: eager, above the capture limit)
     verify_tokens: int = 0                 # tokens of the last active step's verify batch
     plain_steps: int = 0                   # steps with no drafts because plain decoding paid more (depth 0)
+    coasted_steps: int = 0                 # bypassed steps the controller let pass without a decision (`coast`)
     active: bool = False
     pruned: bool = False                   # the last decision cut drafts: its verify step must not pad them back
 
@@ -261,6 +265,7 @@ class CapacityController:
         self.staged: dict[str, torch.Tensor] = {}
         self.stats, self.steps = CapacityStats(), 0
         self.host_ms_per_request: float | None = None   # measured host time of a step, per request (EMA)
+        self._coast: tuple[int, int] | None = None      # (bypassed steps still to let pass, at this request count)
         self._mark: tuple[float, float, int] | None = None   # (time, device ms the curve predicts, requests) at the last decision
 
     def host_ms(self, R: int) -> float:
@@ -384,6 +389,11 @@ class CapacityController:
         conf = runner.proposer.confidence
         found = {r.request_id: conf.pop(r.request_id, None) for r in reqs} if conf else {}
         if not reqs: return
+        if self._coast is not None and self._coast[1] == len(reqs):
+            self.stats.bypassed_steps += 1; self.stats.coasted_steps += 1
+            self._coast = (self._coast[0] - 1, self._coast[1]) if self._coast[0] > 1 else None
+            return
+        self._coast, measured = None, (self._switch_mark if self.switch is not None else self._mark) is not None
         self._switch(reqs, runner)
         if self.switch is not None and self.switch.plain and not any(r.drafts for r in reqs):
             self.stats.plain_steps += 1            # proposed at depth 0, and the next ones are too: nothing to cut
@@ -393,6 +403,7 @@ class CapacityController:
         active = not self.bypasses(R, rt)
         active = runner.canon({"active": active}, "capacity activation")["active"]   # host timings differ by rank
         self.read(runner, active)
+        coast = measured and not active and self.config.coast > 0 and (self.switch is None or not self.switch.plain)
         if active and any(r.drafts and found.get(r.request_id) is None for r in reqs):
             active = False                         # proposed unread (the step that activates): verify them all
         if active != self.stats.active:
@@ -405,7 +416,8 @@ class CapacityController:
         if not active:
             self.stats.bypassed_steps += 1      # a fused round verifies its graph's rows: no sum over the requests
             self._time_step(R, rt if rt is not None else R + sum([len(r.drafts) for r in reqs]))
-            return
+            if coast: self._start_coast(R)         # bypassed by the knee test, not unread (from canonical state only,
+            return                                 # the switch's mode, not its local probe count: TP ranks coast alike)
         n = [len(r.drafts) for r in reqs]
         vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
         for i, r in enumerate(reqs):
@@ -424,6 +436,16 @@ class CapacityController:
         self._count(n, kept)
         if self.depth_ctl: self.depth_ctl.update(kept)
         self._time_step(R, R + sum(kept))
+
+    def _start_coast(self, R: int) -> None:
+        """Let the next `config.coast` steps of R requests pass without a decision: they are bypassed, as this one was.
+        A bypassed decision costs the host tens of µs a step (the plain switch's timing, the host-time estimate, the
+        knee test), which under a steady load at 64 requests, where pruning cannot pay and the host bounds the step,
+        came to 2-4% of fixed K's throughput (chapter 21's A/A records). The measurements restart afterwards: the
+        first full step only marks the time and the next records one step, so no timing spans the coasted steps. A
+        change in the request count ends coasting at once; so do idling and an active step."""
+        self._coast = (self.config.coast, R)
+        self._mark = self._switch_mark = None
 
     def _count(self, proposed: list[int], kept: list[int]) -> None:
         s = self.stats
@@ -453,14 +475,15 @@ class CapacityController:
         "The engine ran out of work: the next batch starts from the full depth and a fresh budget history."
         if self.depth_ctl: self.depth_ctl.reset()
         if self.lagged: self.lagged.reset()
-        self._mark = self._switch_mark = None      # the idle gap is not a step
+        self._mark = self._switch_mark = self._coast = None      # the idle gap is not a step
 
     def summary(self) -> str:
         s = self.stats
         T = ", ".join(f"{t:.2f}" for t in self.sts.temps.tolist()) if self.sts else "off"
         return (f"Capacity: {'active' if s.active else 'bypassed'} (knee {self.activation}), kept {s.kept}/{s.proposed} drafts, "
                 f"requests by kept drafts {s.kept_hist}, last verify batch {s.verify_tokens} tokens -> graph "
-                f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, plain steps {s.plain_steps}, STS T [{T}], host "
+                f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, plain steps {s.plain_steps}, "
+                f"coasted steps {s.coasted_steps}, STS T [{T}], host "
                 f"{'n/a' if self.host_ms_per_request is None else f'{self.host_ms_per_request:.3f}'} ms/request a step")
 
 # %% ../nbs/21_capacity_control.ipynb #bb470e9a
@@ -570,5 +593,5 @@ def _cap_counts(llm) -> dict:
     s = cap.stats if cap else CapacityStats()
     sw = cap.switch if cap else None
     return dict(active_steps=s.active_steps, bypassed_steps=s.bypassed_steps, proposed_drafts=s.proposed, kept_drafts=s.kept,
-                plain_steps=s.plain_steps,   # and what the plain switch has measured: tokens/ms by request bucket
+                plain_steps=s.plain_steps, coasted_steps=s.coasted_steps,   # and what the plain switch has measured: tokens/ms by request bucket
                 switch_rates={f"{b}{' plain' if p else ' draft'}": round(r, 2) for (b, p), r in sorted(sw.rate.items())} if sw else {})

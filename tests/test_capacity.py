@@ -295,6 +295,53 @@ def test_measured_host_time_gates_activation():
     assert cap.stats.active_steps == 1 and sum(len(r.drafts) for r in reqs) < 40   # now it prunes
 
 
+def test_steady_bypass_coasts_between_full_decisions():
+    """Bypassed under a steady load, the controller decides on two steps of every `coast + 2` (the first marks the
+    time, the second records it) and lets the others pass, counted as bypassed; a change of the request count, an
+    idle engine and `coast=0` end it, and the drafts are never cut."""
+    from types import SimpleNamespace
+    from dspark.capacity import SPSCurve
+    from dspark.capacity_control import CapacityController
+    flat = SPSCurve([(1, 1.0), (96, 1.0)], capture_limit=96)             # pruning never pays: always bypassed
+    def full_decisions(steps: int, coast: int) -> int:   # the schedule the docstring states
+        full, left, marked = 0, 0, False
+        for _ in range(steps):
+            if left: left -= 1; continue
+            full += 1
+            if marked and coast: left, marked = coast, False
+            else: marked = True
+        return full
+    assert full_decisions(40, 14) == 6 and full_decisions(40, 0) == 40
+    for coast in (14, 3, 0):
+        cap = CapacityController(CapacityConfig(policy="scheduler", coast=coast, plain_switch=False), 5, flat, [1, 8, 96], 16)
+        cap.activation = 2
+        calls = []
+        time0 = cap._time_step
+        cap._time_step = lambda R, B: (calls.append(R), time0(R, B))
+        st = SimpleNamespace(num_drafts=0, num_accepted_tokens=0)
+        runner = SimpleNamespace(proposer=SimpleNamespace(confidence=None), canon=lambda d, *a: d, stats=st)
+        reqs = lambda n: [SimpleNamespace(request_id=str(i), drafts=[1, 2, 3]) for i in range(n)]
+        for _ in range(40):
+            st.num_drafts += 8; st.num_accepted_tokens += 12
+            batch = reqs(8)
+            cap.apply(batch, runner)
+            assert all(len(r.drafts) == 3 for r in batch)
+        s = cap.stats
+        assert s.bypassed_steps == 40 and s.active_steps == 0
+        assert len(calls) == full_decisions(40, coast)
+        assert s.coasted_steps == 40 - len(calls)
+        before = len(calls)
+        cap.apply(reqs(7), runner)                                       # a request finished: a full decision
+        assert len(calls) == before + 1
+        cap.idle(); cap.apply(reqs(7), runner)
+        assert len(calls) == before + 2 and cap._coast is None           # after idling, the first step only marks
+    cap = CapacityController(CapacityConfig(policy="scheduler"), 5, flat, [1, 8, 96], 16)   # with the plain switch:
+    cap.activation, cap.switch.decide = 2, lambda R: True                # drafting is off, no coasting
+    for _ in range(5): cap.apply(reqs(8), runner)
+    assert cap.stats.coasted_steps == 0
+    with pytest.raises(ValueError, match="coast must be"): CapacityConfig(coast=-1)
+
+
 def test_fused_round_is_kept_when_pruning_saves_less_than_its_overlap():
     "Lagged control under fused rounds: a pruned batch that would verify no cheaper than the round keeps every draft."
     from types import SimpleNamespace

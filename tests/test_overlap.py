@@ -230,7 +230,8 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
         monkeypatch.setattr(PlainSwitch, "decide", decide)
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
                          kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False,
-                         capacity=CapacityConfig(policy="threshold", sps=[(B, 1.0) for B in range(1, 64)]))
+                         capacity=CapacityConfig(policy="threshold", sps=[(B, 1.0) for B in range(1, 64)], coast=0))   # a
+        # decision every step: the script is the switch's, step by step (coasting has its own test, test_capacity)
         cap = llm.runner.capacity
         cap.activation = 1                                   # the switch runs at every size (the knee is automatic)
         rounds = emulate_rounds(llm)
