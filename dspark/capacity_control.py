@@ -265,7 +265,7 @@ class CapacityController:
         self.staged: dict[str, torch.Tensor] = {}
         self.stats, self.steps = CapacityStats(), 0
         self.host_ms_per_request: float | None = None   # measured host time of a step, per request (EMA)
-        self._coast: tuple[int, int] | None = None      # (bypassed steps still to let pass, at this request count)
+        self._coast: tuple[int, int] | None = None      # (bypassed steps still to let pass, at this request bucket)
         self._mark: tuple[float, float, int] | None = None   # (time, device ms the curve predicts, requests) at the last decision
 
     def host_ms(self, R: int) -> float:
@@ -389,7 +389,7 @@ class CapacityController:
         conf = runner.proposer.confidence
         found = {r.request_id: conf.pop(r.request_id, None) for r in reqs} if conf else {}
         if not reqs: return
-        if self._coast is not None and self._coast[1] == len(reqs):
+        if self._coast is not None and self._coast[1] == PlainSwitch.bucket(len(reqs)):
             self.stats.bypassed_steps += 1; self.stats.coasted_steps += 1
             self._coast = (self._coast[0] - 1, self._coast[1]) if self._coast[0] > 1 else None
             return
@@ -442,9 +442,11 @@ class CapacityController:
         A bypassed decision costs the host tens of µs a step (the plain switch's timing, the host-time estimate, the
         knee test), which under a steady load at 64 requests, where pruning cannot pay and the host bounds the step,
         came to 2-4% of fixed K's throughput (chapter 21's A/A records). The measurements restart afterwards: the
-        first full step only marks the time and the next records one step, so no timing spans the coasted steps. A
-        change in the request count ends coasting at once; so do idling and an active step."""
-        self._coast = (self.config.coast, R)
+        first full step only marks the time and the next records one step, so no timing spans the coasted steps.
+        Coasting holds while the request count stays in R's power-of-two bucket (the plain switch's own): under a
+        steady load requests finish and arrive nearly every step, and an exact count coasted 48 of 196 steps. A
+        count that leaves the bucket ends it at once; so do idling and an active step."""
+        self._coast = (self.config.coast, PlainSwitch.bucket(R))
         self._mark = self._switch_mark = None
 
     def _count(self, proposed: list[int], kept: list[int]) -> None:

@@ -297,8 +297,8 @@ def test_measured_host_time_gates_activation():
 
 def test_steady_bypass_coasts_between_full_decisions():
     """Bypassed under a steady load, the controller decides on two steps of every `coast + 2` (the first marks the
-    time, the second records it) and lets the others pass, counted as bypassed; a change of the request count, an
-    idle engine and `coast=0` end it, and the drafts are never cut."""
+    time, the second records it) and lets the others pass, counted as bypassed; a request count outside the bucket,
+    an idle engine and `coast=0` end it, and the drafts are never cut."""
     from types import SimpleNamespace
     from dspark.capacity import SPSCurve
     from dspark.capacity_control import CapacityController
@@ -330,8 +330,10 @@ def test_steady_bypass_coasts_between_full_decisions():
         assert s.bypassed_steps == 40 and s.active_steps == 0
         assert len(calls) == full_decisions(40, coast)
         assert s.coasted_steps == 40 - len(calls)
+        cap.apply(reqs(7), runner)                                       # a request finished: the same bucket (5-8),
+        assert len(calls) == full_decisions(41, coast)                   # the schedule goes on
         before = len(calls)
-        cap.apply(reqs(7), runner)                                       # a request finished: a full decision
+        cap.apply(reqs(4), runner)                                       # four finished: another bucket, a decision
         assert len(calls) == before + 1
         cap.idle(); cap.apply(reqs(7), runner)
         assert len(calls) == before + 2 and cap._coast is None           # after idling, the first step only marks
