@@ -299,7 +299,9 @@ class CapacityController:
 
     def bypasses(self, R: int, round_tokens: int | None = None) -> bool:
         """Whether the next decision leaves R requests' proposals as they are (below the knee, or where pruning cannot
-        pay): chapter 31 launches a round before the host has decided only when this holds, so it is not dropped."""
+        pay): chapter 31 launches a round before the host has decided only when this holds, so it is not dropped.
+        While coasting at R's bucket the next decision is a coasted one, a bypass, without asking the curve."""
+        if self._coast is not None and self._coast[1] == PlainSwitch.bucket(R): return True
         return not (R >= self.activation and (self.config.activation is not None or self.worth(R, round_tokens=round_tokens)))
 
     def _overlap(self, R: int) -> float:

@@ -330,6 +330,7 @@ def test_steady_bypass_coasts_between_full_decisions():
         assert s.bypassed_steps == 40 and s.active_steps == 0
         assert len(calls) == full_decisions(40, coast)
         assert s.coasted_steps == 40 - len(calls)
+        assert cap.bypasses(8) and cap.bypasses(6)                       # the gates: the next step is bypassed
         cap.apply(reqs(7), runner)                                       # a request finished: the same bucket (5-8),
         assert len(calls) == full_decisions(41, coast)                   # the schedule goes on
         before = len(calls)
