@@ -198,7 +198,7 @@ def test_round_handover_kernel_equals_the_reference(width):
     if DEV == "cuda": torch.cuda.synchronize()
     rows = int((drafts + 1)[:R].sum())
     assert host[:rows].tolist() == v_ref[:rows].tolist() and host[N:N + R].tolist() == v_ref[N:N + R].tolist()
-    assert (host[rows:N] == -5).all() or host[rows:N].tolist() == v_ref[rows:N].tolist()   # padding: untouched or equal
+    assert (host[rows:N] == -5).all()                              # padding rows: untouched (padding requests write row 0)
     assert (host[N + R + 2:] == -5).all()                          # nothing past the accepted counts
     with pytest.raises(ValueError, match="host must be"):
         round_handover_triton(v_pub, *args(), host=host[:N])
