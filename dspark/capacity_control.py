@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .capacity import (SPSCurve, LaggedBudget, batch_survival, capture_sizes, check_threshold, graph_bucket,
-                             resolve_sps, scheduler_lengths, threshold_lengths)
+from .capacity import (DeviceAllocator, SPSCurve, LaggedBudget, batch_survival, capture_sizes, check_threshold,
+                       graph_bucket, resolve_sps, scheduler_lengths, threshold_lengths)
 from .scheduler import all_plain_greedy
 
 log = logging.getLogger("dspark")
@@ -212,6 +212,7 @@ class CapacityConfig:
     log_interval: int = 200
     profile_context: int = 64
     coast: int = 14                        # bypassed steps at a steady load skipped between two full decisions
+    device_policy: bool = True             # decide the lengths on the device, behind the draft step (`DeviceAllocator`)
 
     def __post_init__(self):
         if self.policy not in POLICIES: raise ValueError(f"capacity policy must be one of {POLICIES}, got {self.policy!r}")
@@ -222,6 +223,7 @@ class CapacityConfig:
             raise ValueError(f"depth_window must be an integer >= 1, got {self.depth_window!r}")
         if not isinstance(self.coast, int) or isinstance(self.coast, bool) or self.coast < 0:
             raise ValueError(f"coast must be an integer >= 0 (steps), got {self.coast!r}")
+        if not isinstance(self.device_policy, bool): raise ValueError(f"device_policy must be True or False, got {self.device_policy!r}")
         if isinstance(self.sps, str) and self.sps != "auto" and not Path(self.sps).is_file():
             raise ValueError(f"capacity sps must be 'auto' or an existing curve file, got {self.sps!r}")
 
@@ -247,6 +249,8 @@ class CapacityStats:
     verify_tokens: int = 0                 # tokens of the last active step's verify batch
     plain_steps: int = 0                   # steps with no drafts because plain decoding paid more (depth 0)
     coasted_steps: int = 0                 # bypassed steps the controller let pass without a decision (`coast`)
+    device_decisions: int = 0              # active steps whose lengths the device chose behind the draft step
+    host_decisions: int = 0                # active steps decided on the host (no device decision for that batch)
     active: bool = False
     pruned: bool = False                   # the last decision cut drafts: its verify step must not pad them back
 
@@ -338,7 +342,11 @@ class CapacityController:
         if config.policy == "auto":    # graph buckets make SPS a step function: Algorithm 1 would stop at the first jump
             config = replace(config, policy="lagged" if getattr(runner.forward, "graphs", None) else "scheduler")
         ctl = cls(config, runner.K, resolve_sps(config.sps, runner, sizes, config.profile_context), sizes, max_num_seqs)
+        pr = runner.proposer
+        if config.device_policy and hasattr(pr, "allocator"):      # the policy behind each draft step it reads
+            pr.allocator = DeviceAllocator(runner.K, max_num_seqs, ctl.curve, config.policy, config.threshold, pr.ctx.pos.device)
         ctl.read(runner, config.activation == 1)      # forced on from one request: the first proposals are read already
+        ctl._device_inputs(runner)
         return ctl
 
     @staticmethod
@@ -408,6 +416,7 @@ class CapacityController:
         coast = measured and not active and self.config.coast > 0 and (self.switch is None or not self.switch.plain)
         if active and any(r.drafts and found.get(r.request_id) is None for r in reqs):
             active = False                         # proposed unread (the step that activates): verify them all
+            self._device_inputs(runner)            # the next proposals are read: the device decides them
         if active != self.stats.active:
             log.info(f"capacity control {'enabled' if active else 'bypassed'} at {len(reqs)} requests (knee {self.activation})")
             if not active:
@@ -426,9 +435,12 @@ class CapacityController:
             c = found.get(r.request_id)
             row = c[0][:n[i]].tolist() if n[i] else []
             vals.append(row + [0.0] * (self.K - len(row)))
-        z = torch.tensor(vals, dtype=torch.float64)
-        cal = self.sts.calibrate(z) if self.sts else z
-        lengths = self._lengths(batch_survival(cal, n))
+        lengths = self._decided(reqs, found, n)
+        if lengths is None:                        # no device decision for this batch: the policy on the host
+            z = torch.tensor(vals, dtype=torch.float64)
+            cal = self.sts.calibrate(z) if self.sts else z
+            lengths = self._lengths(batch_survival(cal, n))
+            self.stats.host_decisions += 1
         if self.config.policy == "lagged": lengths = self._fill_round(lengths, n, rt)
         lengths = runner.canon({r.request_id: min(l, len(r.drafts)) for r, l in zip(reqs, lengths)})
         kept = [lengths[r.request_id] for r in reqs]
@@ -438,6 +450,33 @@ class CapacityController:
         self._count(n, kept)
         if self.depth_ctl: self.depth_ctl.update(kept)
         self._time_step(R, R + sum(kept))
+        self._device_inputs(runner)
+
+    def _decided(self, reqs: list, found: dict, n: list[int]) -> list[int] | None:
+        """The lengths the device chose behind the draft step (`DeviceAllocator`), when every request with drafts
+        brings one from the same launch; the lagged policy's history takes that launch's budget. None: decide on the
+        host. A request's length is cut to the drafts it has (its room): the device ranked its positions with the
+        others, on survivals and a budget that do not depend on this step's verification, so the cut is lossless."""
+        got = [found.get(r.request_id) if k else None for r, k in zip(reqs, n)]
+        dec = [g[2] if g is not None and len(g) > 2 else None for g, k in zip(got, n) if k]
+        if not dec or any(d is None for d in dec) or any(d.decision is not dec[0].decision for d in dec): return None
+        d0 = dec[0].decision
+        if self.lagged: self.lagged.record((d0.budget, d0.requests) if d0.candidates else None)
+        self.stats.device_decisions += 1
+        return [min(g[2].length, k) if k else 0 for g, k in zip(got, n)]
+
+    def _device_inputs(self, runner) -> None:
+        """Give the device policy what the host policy would read at the next decision: the measured host time, the
+        curve's draft terms, the lagged history's oldest decision, the calibration and the depth to be drafted. The
+        calibration is the one fitted so far: the round that verifies this step updates it after the next draft step
+        is queued, so the device decides on temperatures one round older than the host would (still only past
+        rounds: non-anticipating)."""
+        alloc = getattr(runner.proposer, "allocator", None)
+        if alloc is None or runner.proposer.confidence is None: return
+        lb = self.lagged
+        lagged = lb.history[0] if lb is not None and len(lb.history) >= lb.lag else None
+        alloc.prepare(self.host_ms_per_request or 0.0, self.curve.draft_step_ms, self.curve.draft_ms, lagged,
+                      self.sts.temps if self.sts else None, self.depth or self.K)
 
     def _start_coast(self, R: int) -> None:
         """Let the next `config.coast` steps of R requests pass without a decision: they are bypassed, as this one was.
@@ -487,7 +526,8 @@ class CapacityController:
         return (f"Capacity: {'active' if s.active else 'bypassed'} (knee {self.activation}), kept {s.kept}/{s.proposed} drafts, "
                 f"requests by kept drafts {s.kept_hist}, last verify batch {s.verify_tokens} tokens -> graph "
                 f"{s.bucket or 'eager'}, padded {s.padded_tokens} tokens, depth {self.depth}, plain steps {s.plain_steps}, "
-                f"coasted steps {s.coasted_steps}, STS T [{T}], host "
+                f"coasted steps {s.coasted_steps}, decided on the device {s.device_decisions} / host {s.host_decisions} "
+                f"steps, STS T [{T}], host "
                 f"{'n/a' if self.host_ms_per_request is None else f'{self.host_ms_per_request:.3f}'} ms/request a step")
 
 # %% ../nbs/21_capacity_control.ipynb #bb470e9a

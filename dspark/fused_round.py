@@ -14,6 +14,7 @@ import torch
 
 from .graphs import GraphRunner, StepBuffers, bucket_sizes, fill_layout, forward_static, tables_sent
 from .kernels_draft import advance_layout_triton, round_handover_triton
+from .speculative import decided
 
 # %% auto #0
 __all__ = ['greedy_accept', 'round_handover', 'RoundOutputs', 'Round', 'RoundGraphs', 'advance_layout']
@@ -217,10 +218,12 @@ class RoundGraphs:
         out of the graph's outputs, queued behind the round, into the spare one of two pinned buffers: the next
         round can then be launched before the host has read this one's drafts (its replay rewrites the graph's
         outputs). Returns the fetch that reads the copy (`Round.drafts`). Confidences not copied come back as None:
-        capacity control treats such proposals as unread and verifies every draft, which is lossless."""
+        capacity control treats such proposals as unread and verifies every draft, which is lossless. While it reads
+        them, its device policy decides the lengths right behind the round (`DSparkProposer.allocate`)."""
         out, R, b, n, starts, lens = handle
         m, read = b * (1 + self.K), self.pr.confidence is not None if conf is None else conf
         conf = out.conf.reshape(-1)[:R * self.K] if read else None
+        fetch = self.pr.allocate(out.conf, R) if read else None
         if self.snaps is None:                                # no graphs: the outputs are rewritten in place
             drafted, ev = out.drafted[:m].clone(), None
             if read: conf = conf.clone()
@@ -229,14 +232,15 @@ class RoundGraphs:
             drafted[:m].copy_(out.drafted[:m], non_blocking=True)
             if read: conf = host_conf[:R * self.K].copy_(conf, non_blocking=True)
             ev.record()
-        return lambda: self._unpack(drafted, conf, ev, R, b)
+        return lambda: self._unpack(drafted, conf, ev, R, b, fetch)
 
-    def _unpack(self, drafted: torch.Tensor, conf: torch.Tensor | None, event, R: int, b: int):
+    def _unpack(self, drafted: torch.Tensor, conf: torch.Tensor | None, event, R: int, b: int, fetch=None):
         """A round's `(drafts [R][γ], context complete [R], confidence logits [R, γ])` from its copies, once `event`
-        has passed; `conf` None: capacity control is not reading them (it reads them only while active)."""
+        has passed; `conf` None: capacity control is not reading them (it reads them only while active). With the
+        device's decision (`fetch`), each confidence row is `Decided`, with its length."""
         if event is not None: event.synchronize()
         v = drafted[:b * (1 + self.K)].tolist()
-        conf = [None] * R if conf is None else conf.reshape(-1)[:R * self.K].view(R, self.K).clone().cpu()
+        conf = [None] * R if conf is None else decided(list(conf.reshape(-1)[:R * self.K].view(R, self.K).clone().cpu()), fetch)
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf
 
 # %% ../nbs/28_fused_round.ipynb #88c94afb

@@ -28,6 +28,7 @@ from .kernels_step import compress_chunks_, compress_step_, rms_norm_fused, rout
 from .attention import Attention
 from .config import CSA, SLIDING
 from .kv_cache import PagedKVCache, SeqView, run_layers
+from .speculative import decided
 from .layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
                      set_moe_impl, stack_linears, stacked_outputs)
 from .quant import fake_quant_index, fake_quant_kv
@@ -700,9 +701,10 @@ class DraftGraphs:
         hd, hc, hf, ev = self.host
         for h, d in ((hd, drafts), (hc, conf), (hf, complete)): h[:R].copy_(d, non_blocking=cuda)
         if ev is not None: ev.record()
+        decide = self.pr.allocate(conf, R)             # capacity control's device policy, behind the step
         def fetch():
             if ev is not None: ev.synchronize()
-            conf = hc[:R].clone() if self.pr.confidence is not None else [None] * R
+            conf = decided(list(hc[:R].clone()), decide) if self.pr.confidence is not None else [None] * R
             return hd[:R].tolist(), hf[:R].tolist(), conf
         return DraftStep(drafts, self.anchors[:R], fetch)
 

@@ -74,8 +74,11 @@ class EngineMetrics:
         self.cap_padded = c("dspark:capacity_padded_tokens", "Tokens the graph buckets pad controlled steps with")
         self.cap_plain = c("dspark:capacity_plain_steps", "Steps decoded without drafts because plain decoding paid more (depth 0)")
         self.cap_coasted = c("dspark:capacity_coasted_steps", "Bypassed steps passed without a decision under a steady load")
+        self.cap_device = c("dspark:capacity_device_decisions", "Controlled steps whose verify lengths the device chose behind the draft step")
+        self.cap_host = c("dspark:capacity_host_decisions", "Controlled steps whose verify lengths the host chose")
         self.cap_by_kept = Counter("dspark:capacity_requests_by_kept_drafts", "Requests by drafts kept", L + ["kept"], registry=r)
-        self._cap_seen: dict = {"proposed": 0, "kept": 0, "padded": 0, "plain": 0, "coasted": 0, "hist": []}
+        self._cap_seen: dict = {"proposed": 0, "kept": 0, "padded": 0, "plain": 0, "coasted": 0, "device": 0, "host": 0,
+                                "hist": []}
         self._seen, self._logged, self._last_log = _Seen(), _Seen(), time.monotonic()
 
     def observe_engine(self, llm) -> None:
@@ -102,7 +105,8 @@ class EngineMetrics:
         self.cap_active.set(int(cs.active)); self.cap_depth.set(cap.depth)
         self.cap_verify.set(cs.verify_tokens); self.cap_graph.set(cs.bucket)
         for counter, name in ((self.cap_proposed, "proposed"), (self.cap_kept, "kept"), (self.cap_padded, "padded_tokens"),
-                              (self.cap_plain, "plain_steps"), (self.cap_coasted, "coasted_steps")):
+                              (self.cap_plain, "plain_steps"), (self.cap_coasted, "coasted_steps"),
+                              (self.cap_device, "device_decisions"), (self.cap_host, "host_decisions")):
             key = name.split("_")[0]
             if getattr(cs, name) > seen[key]: counter.inc(getattr(cs, name) - seen[key]); seen[key] = getattr(cs, name)
         for k, n in enumerate(cs.kept_hist):

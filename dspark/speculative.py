@@ -7,6 +7,8 @@ Docs: https://dspark-dev.github.io/dspark/speculative.html.md"""
 # %% ../nbs/13_speculative.ipynb #0ae75af2
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
 from .drafter import DSparkDrafter
@@ -14,7 +16,7 @@ from .mtp import MTPDrafter, MTPRing
 from .sampling import STREAMS, RowParams, draft_sample, draw_keyed, on_device, row_probs
 
 # %% auto #0
-__all__ = ['DraftContext', 'DSparkProposer', 'MTPProposer']
+__all__ = ['DraftContext', 'Decided', 'decided', 'DSparkProposer', 'MTPProposer']
 
 # %% ../nbs/13_speculative.ipynb #8737c068
 class DraftContext:
@@ -67,6 +69,19 @@ class DraftContext:
         return [self.rows[slot, s][valid] for s in range(self.rows.shape[1])]
 
 # %% ../nbs/13_speculative.ipynb #05a047d1
+class Decided(NamedTuple):
+    """A proposal's confidence logits with the verify length capacity control's device policy chose for it
+    (`capacity.DeviceAllocator`), and that launch's batch-level `decision` (the search's budget, the candidates)."""
+    logits: torch.Tensor
+    length: int
+    decision: object
+
+def decided(conf: list, fetch: Callable | None) -> list:
+    "Confidence rows, each with its device-chosen length when the step's decision was queued behind it (`fetch`)."
+    if fetch is None: return conf
+    lengths, dec = fetch()
+    return [Decided(c, k, dec) for c, k in zip(conf, lengths)]
+
 class DSparkProposer:
     "DSpark drafting for the engine: the context ring plus one block forward per round."
     final = False
@@ -74,6 +89,7 @@ class DSparkProposer:
         self.drafter, self.ctx = drafter, DraftContext(drafter, max_seqs, device)
         self.taps = tuple(drafter.cfg.dspark_target_layer_ids)
         self.confidence: dict | None = None    # capacity control sets {} to read (logits, context complete) per proposal
+        self.allocator = None                  # capacity control's `DeviceAllocator`: lengths decided behind a draft step
         self.q: torch.Tensor | None = None     # [max_seqs + 1, γ, V] fp32 draft distributions by ring slot (first sampled use)
 
     def observe(self, slot: int, rid: str, feats: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
@@ -99,6 +115,12 @@ class DSparkProposer:
         if self.confidence is not None: self.confidence[rid] = (conf[:n], len(ctx[0]) == min(P, self.ctx.w))
         if not params.greedy: self._keep_q(on_device([slot], torch.long, q.device), q[None, :n])
         return drafts[:n], q[:n]
+
+    def allocate(self, conf: torch.Tensor, R: int) -> Callable | None:
+        """Queue capacity control's decision for a batched draft step's confidences `conf [≥R, γ]` (on the device,
+        right behind the step) while it reads them; returns the fetch of `(lengths, decision)`, or None."""
+        if self.confidence is None or self.allocator is None or R < 1: return None
+        return self.allocator.launch(conf, R)
 
     def _keep_q(self, slots: torch.Tensor, q: torch.Tensor) -> None:
         """Store the draft distributions `q [R, n, V]` of ring `slots` for the next step's verification. The buffer
@@ -173,9 +195,10 @@ class DSparkProposer:
             dev = self.ctx.pos.device
             t = lambda v: on_device(v, torch.long, dev)
             drafts, conf, complete = self.draft_rows(t(slots), t(anchors), t(P), max(n), RowParams.of(params, seeds, dev))
+        fetch = self.allocate(conf, len(rids))
         out, full = drafts.tolist(), complete.tolist()
         conf = conf.cpu() if self.confidence is not None else [None] * len(rids)
-        return self.collect(rids, n, out, list(conf), full)
+        return self.collect(rids, n, out, decided(list(conf), fetch), full)
 
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
@@ -186,19 +209,23 @@ class DSparkProposer:
             dev = self.ctx.pos.device
             t = lambda v: torch.tensor(v, device=dev)
             drafts, conf, complete = self.draft_tensors(t(slots), t(anchors), t(P), max(n))
+        fetch = self.allocate(conf, len(rids))
         out, full = drafts.tolist(), complete.tolist()
         # one copy for the batch (the drafts' copy already waited); a graph's output is overwritten by its next replay
         conf = conf.cpu() if self.confidence is not None else [None] * len(rids)
-        return self.collect(rids, n, out, list(conf), full)
+        return self.collect(rids, n, out, decided(list(conf), fetch), full)
 
     def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
         """The host's side of greedy proposals (here, or made inside a fused round, chapter 28): request i keeps its
         first `n[i]` drafts, and capacity control gets their confidence logits (`conf[i]`, on the host) and whether
         the drafter saw a complete context window. A proposal whose confidences were not copied out (`conf[i]` None:
-        made before capacity control asked for them) leaves none: the controller then verifies all of its drafts."""
+        made before capacity control asked for them) leaves none: the controller then verifies all of its drafts.
+        A `Decided` row also brings the length the device chose, and its launch's decision."""
         if self.confidence is not None:
             for i, rid in enumerate(rids):
-                if conf[i] is not None: self.confidence[rid] = (conf[i][:n[i]], complete[i])
+                c = conf[i]
+                if isinstance(c, Decided): self.confidence[rid] = (c.logits[:n[i]], complete[i], c)
+                elif c is not None: self.confidence[rid] = (c[:n[i]], complete[i])
         return [d[:k] for d, k in zip(drafts, n)]
 
 class MTPProposer:

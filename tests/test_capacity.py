@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.capacity import (SPSCurve, admit_top, batch_survival, first_token_law, global_lengths, scheduler_lengths,
-                             search_budget, threshold_lengths)
+from dspark.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, first_token_law,
+                             global_lengths, scheduler_lengths, search_budget, threshold_lengths)
 from dspark.capacity_control import CapacityConfig, capacity_sweep
 from dspark.engine import LLM
 from dspark.metrics import EngineMetrics, scrape
@@ -105,6 +105,56 @@ def test_survival_and_threshold():
     assert threshold_lengths(a, 0.0) == [3, 2] and threshold_lengths(a, 1.0) == [0, 0]
     assert threshold_lengths(a, 0.5) == [1, 2]                            # rows 0.881 0.440 0.129 | 0.731 0.534
     assert admit_top(a, 2) == [1, 1] and admit_top(a, 3) == [1, 2] and admit_top(a, 4) == [2, 2]
+
+
+@pytest.mark.parametrize("policy", ["threshold", "scheduler", "lagged"])
+def test_device_policy_equals_the_host_policy(policy):
+    """`DeviceAllocator` (the policies as fixed-shape tensor work behind the draft step) gives the host policies'
+    lengths, the search's budget and the candidate count exactly, for random batches, depths, calibrations, timings
+    and lagged decisions; rows past R and positions past the depth are never candidates."""
+    g = torch.Generator().manual_seed(7)
+    curve = SPSCurve([(B, 0.8 + 0.02 * B) for B in (1, 2, 4, 8, 16, 32, 48)], draft_ms=0.03, capture_limit=32, draft_step_ms=0.3)
+    alloc = DeviceAllocator(5, 8, curve, policy, 0.4, "cpu")
+    for trial in range(40):
+        R, depth = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g))
+        z = torch.randn(8, 5, generator=g) * 2.5               # rows past R: stale buffer contents
+        temps = torch.rand(5, generator=g, dtype=torch.float64) * 2 + 0.25
+        lagged = None if trial % 4 == 0 else (int(torch.randint(0, 5 * R + 1, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g)))
+        host_ms = 0.02 * (trial % 5)
+        alloc.prepare(host_ms, curve.draft_step_ms, curve.draft_ms, lagged, temps, depth)
+        got, dec = alloc.launch(z, R)()
+        a = batch_survival(z[:R].double() / temps, [depth] * R)
+        sps = curve.for_requests(R, host_ms * R)
+        if policy == "threshold": want = threshold_lengths(a, 0.4)
+        elif policy == "scheduler": want = scheduler_lengths(a, sps)
+        else:
+            lb = LaggedBudget()
+            lb.history = [] if lagged is None else [lagged, (1, 1)]
+            want = lb.lengths(a, lambda _: sps)
+            assert lb.history[-1] == (dec.budget, R)
+        assert got == want and all(k <= depth for k in got)
+        assert (dec.budget, dec.candidates, dec.requests) == (search_budget(a, sps), int((a > 0).sum()), R)
+    with pytest.raises(ValueError, match="requests"): alloc.launch(torch.zeros(9, 5), 9)
+    with pytest.raises(ValueError, match="policy"): DeviceAllocator(5, 8, curve, "auto", 0.4, "cpu")
+
+
+def test_device_policy_in_the_engine(ck7, greedy_ref):
+    """With the confidences read, the engine takes each step's lengths from the device decision queued behind its
+    draft step; with a policy that reads neither timings nor calibration (a threshold, STS off) it cuts exactly the
+    drafts the host policy cuts, and the output is greedy decoding's."""
+    prompts, sp, ref = greedy_ref
+    runs = {}
+    for dev in (True, False):
+        cap = CapacityConfig(policy="threshold", threshold=0.3, sps=STEEP, activation=1, online_sts=False, device_policy=dev)
+        llm = LLM(ck7, speculative="dspark", num_speculative_tokens=5, capacity=cap, **KV)
+        assert _ids(llm.generate(prompts, sp, use_tqdm=False)) == ref
+        st = llm.runner.capacity.stats
+        runs[dev] = (st.kept, st.proposed, list(st.kept_hist), llm.spec_stats())
+        assert (llm.runner.proposer.allocator is not None) == dev
+        assert st.active_steps == st.device_decisions + st.host_decisions
+        assert (st.device_decisions > st.host_decisions) if dev else st.device_decisions == 0
+    assert runs[True] == runs[False] and 0 < runs[True][0] < runs[True][1]
+    with pytest.raises(ValueError, match="device_policy"): CapacityConfig(device_policy=1)
 
 
 # ---------------------------------------------------------------- engine: losslessness
