@@ -343,6 +343,7 @@ class DeviceAllocator:
         self.host = [torch.zeros(max_requests + 2, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
         self.turn, self.graphs, self.launches = 0, {}, 0
+        self.used: tuple[int, list[float]] | None = None    # (R, inputs) of the last launch: what its decision took
         self.inputs = [0.0, 0.0, 0.0, -1.0, 1.0, self.theta, K] + [1.0] * K   # all but R: see `prepare`
 
     def prepare(self, host_ms: float, step_ms: float, draft_ms: float, lagged: tuple[int, int] | None,
@@ -375,6 +376,7 @@ class DeviceAllocator:
         h = st.numpy()
         h[:] = [R] + self.inputs
         h[7] = min(h[7], w)
+        self.used = (R, [float(x) for x in h[1:]])
         self.params.copy_(st, non_blocking=self.cuda)
         self.z[:R, :w].copy_(z[:R, :w], non_blocking=True)
         if self.capture:

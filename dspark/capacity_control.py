@@ -271,6 +271,7 @@ class CapacityController:
         self.host_ms_per_request: float | None = None   # measured host time of a step, per request (EMA)
         self._coast: tuple[int, int] | None = None      # (bypassed steps still to let pass, at this request bucket)
         self._mark: tuple[float, float, int] | None = None   # (time, device ms the curve predicts, requests) at the last decision
+        self.proposer = None                                 # the runner's proposer, when it decides on the device
 
     def host_ms(self, R: int) -> float:
         "Host time of a step with R requests, as measured so far (0 before the first measurement)."
@@ -308,6 +309,33 @@ class CapacityController:
         if self._coast is not None and self._coast[1] == PlainSwitch.bucket(R): return True
         return not (R >= self.activation and (self.config.activation is not None or self.worth(R, round_tokens=round_tokens)))
 
+    def keeps_all(self, R: int, round_tokens: int | None = None) -> bool:
+        """Whether the next decision at R requests will keep every draft whatever their survivals, so chapter 31 may
+        launch the round that verifies them all before the host has decided: bypassed (`bypasses`), or active with
+        the lagged policy when the budget it will admit by, which is two decisions old and so known now, covers every
+        candidate, or when its cut could not pay for leaving the fused round (`_round_pays`). With the device policy
+        that budget is the one the last launch's decision took (`DeviceAllocator.used`). A wrong guess costs only
+        the launch: the engine drops a launched round that does not match what it schedules."""
+        if self.bypasses(R, round_tokens): return True
+        if not self.stats.active or self.lagged is None or (self.switch is not None and self.switch.plain): return False
+        alloc = self.allocator
+        if alloc is not None:
+            if alloc.used is None: return False
+            R, (n0, R0, depth) = alloc.used[0], (alloc.used[1][i] for i in (3, 4, 6))
+        else:
+            lb = self.lagged
+            n0, R0 = (-1, 1) if len(lb.history) < lb.lag or lb.history[0] is None else lb.history[0]
+            depth = self.depth
+        if n0 < 0: return True                     # no budget yet: every candidate is verified
+        n = round(n0 * R / R0)
+        return n >= R * depth or (round_tokens is not None and self._round_pays(R, n, round_tokens))
+
+    def _round_pays(self, R: int, kept: int, round_tokens: int) -> bool:
+        """Whether R requests verifying `kept` drafts on the token-count graph would save less than the overlap the
+        fused round of `round_tokens` rows gives: then the round keeps every draft (`_fill_round`)."""
+        bucket = graph_bucket(R + kept, self.sizes)
+        return bucket is not None and self.curve.verify(round_tokens) - self.curve.verify(bucket) <= self._overlap(R)
+
     def _overlap(self, R: int) -> float:
         "Host time a fused round hides behind its draft step (ms): the shorter of the two."
         return min(self.host_ms(R), self.curve.draft_step_ms + self.curve.draft_ms * R)
@@ -328,11 +356,7 @@ class CapacityController:
         lossless. Forced on at 64 requests, it and `CapacityStats.pruned` keep every step on fixed K's rounds (without
         them 57-73 of 154 steps left the rounds)."""
         if round_tokens is None: return lengths
-        R, N = len(n), len(n) + sum(lengths)
-        bucket = graph_bucket(N, self.sizes)
-        if bucket is None: return lengths
-        if self.curve.verify(round_tokens) - self.curve.verify(bucket) <= self._overlap(R): return list(n)
-        return lengths
+        return list(n) if self._round_pays(len(n), sum(lengths), round_tokens) else lengths
 
     @classmethod
     def build(cls, config: CapacityConfig, runner, max_num_seqs: int) -> "CapacityController":
@@ -345,6 +369,7 @@ class CapacityController:
         pr = runner.proposer
         if config.device_policy and hasattr(pr, "allocator"):      # the policy behind each draft step it reads
             pr.allocator = DeviceAllocator(runner.K, max_num_seqs, ctl.curve, config.policy, config.threshold, pr.ctx.pos.device)
+            ctl.proposer = pr
         ctl.read(runner, config.activation == 1)      # forced on from one request: the first proposals are read already
         ctl._device_inputs(runner)
         return ctl
@@ -433,7 +458,8 @@ class CapacityController:
         vals = []                                  # plain floats: per-request tensor ops cost ~10 µs each on the host
         for i, r in enumerate(reqs):
             c = found.get(r.request_id)
-            row = c[0][:n[i]].tolist() if n[i] else []
+            row = c[0][:n[i]] if n[i] else []          # floats from a batched step, a tensor from a lone proposal
+            row = row.tolist() if torch.is_tensor(row) else list(row)
             vals.append(row + [0.0] * (self.K - len(row)))
         lengths = self._decided(reqs, found, n)
         if lengths is None:                        # no device decision for this batch: the policy on the host
@@ -451,6 +477,11 @@ class CapacityController:
         if self.depth_ctl: self.depth_ctl.update(kept)
         self._time_step(R, R + sum(kept))
         self._device_inputs(runner)
+
+    @property
+    def allocator(self):
+        "The proposer's `DeviceAllocator`, while the device decides (None: the host does)."
+        return None if self.proposer is None else self.proposer.allocator
 
     def _decided(self, reqs: list, found: dict, n: list[int]) -> list[int] | None:
         """The lengths the device chose behind the draft step (`DeviceAllocator`), when every request with drafts

@@ -204,7 +204,7 @@ class ModelRunner:
                                    f"device but {a} on the host")
             decided[r.request_id] = (n - 1, a, toks, None)
         if ahead is not None:                                      # under capacity control: only if it will not cut
-            gate = None if self.capacity is None else (lambda R: self.capacity.bypasses(R, rounds.rows(R)))
+            gate = None if self.capacity is None else (lambda R: self.capacity.keeps_all(R, rounds.rows(R)))
             ahead.launch_next(batch, rd, decided, self._room, gate)
         return decided, [], (rd, {r.request_id: i for i, (r, _) in enumerate(batch)})
 
@@ -315,7 +315,7 @@ class ModelRunner:
         if (not self.draft_ahead or ra is None or not hasattr(graphs, "launch") or self.deferred is not None
                 or not graphs.fits(len(plan), max(n for *_, n in plan))): return False
         fed = graphs.launch([r.slot for r, *_ in plan], [a for _, a, _, _ in plan], [P for _, _, P, _ in plan])
-        gate = None if self.capacity is None else (lambda R: self.capacity.bypasses(R, ra.rounds.rows(R)))
+        gate = None if self.capacity is None else (lambda R: self.capacity.keeps_all(R, ra.rounds.rows(R)))
         if launch: ra.launch_first(plan, fed, gate)
         self.deferred = ((fed, {r.request_id: i for i, (r, *_) in enumerate(plan)}), [(r, n) for r, _, _, n in plan])
         return True

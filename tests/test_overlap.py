@@ -116,10 +116,12 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     from test_fused_round import emulate_rounds
     use_references(monkeypatch)
     prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 12))]
+    engines = []
     def go(ahead: bool, params, late=None, capacity=None):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
                          kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, capacity=capacity)
         rounds = emulate_rounds(llm)
+        engines.append(llm)
         if ahead:       # and the draft step's graphs (emulated: run eagerly on their buffers), read late at a start
             llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
             llm.runner.round_ahead.admits = llm.scheduler.would_admit
@@ -160,6 +162,20 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     assert outs == sync[0] and stats == sync[1] and seen == sync[2]
     assert any(len(b) == 3 and any(len(d) < 3 for d in b.values()) for b in seen)   # it cut drafts at 3 requests
     assert ahead.used >= 4 and ahead.dropped == 0
+    # active with the lagged policy (decided on the device): a round is launched ahead whenever the budget it admits
+    # by, two decisions old, keeps every draft; on a flat curve it always does, and the steps are the synchronous
+    # engine's. On a steep one it cuts some steps; a round launched ahead has its drafts decided before the host's
+    # last decision, on the budget one decision older than the synchronous engine's, so only the tokens must agree
+    for sps, cuts in (([(B, 1.0) for B in range(1, 64)], False), ([(B, 1.0 / (1.0 + 0.05 * B)) for B in range(1, 64)], True)):
+        cap = lambda: CapacityConfig(policy="lagged", activation=1, sps=sps, online_sts=False, dynamic_depth=False)
+        sync = go(False, params, capacity=cap())
+        outs, stats, seen, ahead = go(True, params, capacity=cap())
+        assert outs == sync[0] and (cuts or (stats == sync[1] and seen == sync[2]))
+        cs = engines[-1].runner.capacity.stats
+        assert cs.active_steps > 0 and cs.device_decisions > 0 and (cs.kept < cs.proposed) == cuts
+        # a guess can miss where the decision's inputs move after the launch (a request ends, a room shrinks): the
+        # engine then drops that round and runs the step as scheduled
+        assert ahead.used >= (4 if cuts else 10) and ahead.dropped <= (ahead.used // 4 if cuts else 0)
 
 
 def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
