@@ -240,7 +240,7 @@ class RoundGraphs:
         device's decision (`fetch`), each confidence row is `Decided`, with its length."""
         if event is not None: event.synchronize()
         v = drafted[:b * (1 + self.K)].tolist()
-        conf = [None] * R if conf is None else decided(list(conf.reshape(-1)[:R * self.K].view(R, self.K).clone().cpu()), fetch)
+        conf = [None] * R if conf is None else decided(conf.reshape(-1)[:R * self.K].view(R, self.K).tolist(), fetch)
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf
 
 # %% ../nbs/28_fused_round.ipynb #88c94afb

@@ -704,7 +704,7 @@ class DraftGraphs:
         decide = self.pr.allocate(conf, R)             # capacity control's device policy, behind the step
         def fetch():
             if ev is not None: ev.synchronize()
-            conf = decided(list(hc[:R].clone()), decide) if self.pr.confidence is not None else [None] * R
+            conf = decided(hc[:R].tolist(), decide) if self.pr.confidence is not None else [None] * R
             return hd[:R].tolist(), hf[:R].tolist(), conf
         return DraftStep(drafts, self.anchors[:R], fetch)
 

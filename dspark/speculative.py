@@ -72,7 +72,7 @@ class DraftContext:
 class Decided(NamedTuple):
     """A proposal's confidence logits with the verify length capacity control's device policy chose for it
     (`capacity.DeviceAllocator`), and that launch's batch-level `decision` (the search's budget, the candidates)."""
-    logits: torch.Tensor
+    logits: list[float] | torch.Tensor
     length: int
     decision: object
 
@@ -197,8 +197,8 @@ class DSparkProposer:
             drafts, conf, complete = self.draft_rows(t(slots), t(anchors), t(P), max(n), RowParams.of(params, seeds, dev))
         fetch = self.allocate(conf, len(rids))
         out, full = drafts.tolist(), complete.tolist()
-        conf = conf.cpu() if self.confidence is not None else [None] * len(rids)
-        return self.collect(rids, n, out, decided(list(conf), fetch), full)
+        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)   # plain floats: one copy, no row tensors
+        return self.collect(rids, n, out, decided(conf, fetch), full)
 
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
@@ -212,12 +212,12 @@ class DSparkProposer:
         fetch = self.allocate(conf, len(rids))
         out, full = drafts.tolist(), complete.tolist()
         # one copy for the batch (the drafts' copy already waited); a graph's output is overwritten by its next replay
-        conf = conf.cpu() if self.confidence is not None else [None] * len(rids)
-        return self.collect(rids, n, out, decided(list(conf), fetch), full)
+        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)   # plain floats: one copy, no row tensors
+        return self.collect(rids, n, out, decided(conf, fetch), full)
 
     def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
         """The host's side of greedy proposals (here, or made inside a fused round, chapter 28): request i keeps its
-        first `n[i]` drafts, and capacity control gets their confidence logits (`conf[i]`, on the host) and whether
+        first `n[i]` drafts, and capacity control gets their confidence logits (`conf[i]`, floats on the host) and whether
         the drafter saw a complete context window. A proposal whose confidences were not copied out (`conf[i]` None:
         made before capacity control asked for them) leaves none: the controller then verifies all of its drafts.
         A `Decided` row also brings the length the device chose, and its launch's decision."""

@@ -42,7 +42,7 @@ def test_batched_greedy_drafts_equal_per_request_drafts(tiny_ckpt):
     anchors, P = [5, 77, 300], [lengths[s] for s in slots]
     n = [3, drafter.block_size, 1]
     batched = pr.propose_greedy(slots, [f"r{s}" for s in slots], anchors, P, n)
-    conf_b = {rid: c.clone() for rid, (c, _) in pr.confidence.items()}
+    conf_b = {rid: torch.as_tensor(c) for rid, (c, _) in pr.confidence.items()}   # floats from the batched step
     for i, s in enumerate(slots):
         drafts, q = pr.propose(s, f"r{s}", anchors[i], P[i], n[i], GREEDY, 0)
         assert batched[i] == drafts

@@ -51,13 +51,16 @@ llm.generate(prompts[:C], dspark.SamplingParams(temperature=0, max_tokens=8, ign
 cap, pr = llm.runner.capacity, llm.runner.proposer
 alloc = pr.allocator
 res["policy"], res["curve"] = cap.config.policy, cap.curve.to_json()
-spent = [0.0]
-apply0 = cap.apply
-def apply(*a, **k):
-    t = time.perf_counter()
-    try: return apply0(*a, **k)
-    finally: spent[0] += time.perf_counter() - t
-cap.apply = apply
+spent = collections.Counter()
+def timed(obj, name, key):
+    fn = getattr(obj, name)
+    def wrap(*a, **k):
+        t = time.perf_counter()
+        try: return fn(*a, **k)
+        finally: spent[key] += time.perf_counter() - t
+    setattr(obj, name, wrap)
+timed(cap, "apply", "apply"); timed(cap, "observe_many", "observe"); timed(pr, "collect", "collect")
+ra = llm.runner.round_ahead
 ARMS = ("fixed", "device", "host")
 runs = collections.defaultdict(list)
 for rep in range(REPEATS + 1):                       # rep 0 warms every arm (and captures the allocator's graphs)
@@ -65,15 +68,20 @@ for rep in range(REPEATS + 1):                       # rep 0 warms every arm (an
     for arm in order:
         pr.allocator = alloc if arm == "device" else None
         s0 = (cap.stats.device_decisions, cap.stats.host_decisions)
-        spent[0] = 0.0
+        a0 = (ra.used, ra.dropped, ra.first) if ra is not None else (0, 0, 0)
+        spent.clear()
         with _capacity_attached(llm, arm != "fixed"), frozen_heap():
             r = _sweep_run(llm, arm, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
         r.pop("switch_rates", None)
         r.update(device_decisions=cap.stats.device_decisions - s0[0], host_decisions=cap.stats.host_decisions - s0[1],
-                 apply_ms=round(1e3 * spent[0], 2), rep=rep)
+                 apply_ms=round(1e3 * spent["apply"], 2), observe_ms=round(1e3 * spent["observe"], 2),
+                 collect_ms=round(1e3 * spent["collect"], 2), rep=rep,
+                 **dict(zip(("rounds_ahead_used", "rounds_ahead_dropped", "first_rounds"),
+                            (b - a for a, b in zip(a0, (ra.used, ra.dropped, ra.first) if ra is not None else (0, 0, 0))))))
         if rep: runs[arm].append(r)
         print(arm, rep, round(r["tok_s"], 1), {k: r[k] for k in ("active_steps", "bypassed_steps", "device_decisions",
-              "host_decisions", "kept_drafts", "proposed_drafts", "apply_ms", "mean_acceptance_length")}, flush=True)
+              "host_decisions", "kept_drafts", "proposed_drafts", "apply_ms", "observe_ms", "collect_ms", "rounds_ahead_used",
+              "rounds_ahead_dropped", "first_rounds", "mean_acceptance_length")}, flush=True)
 pr.allocator = alloc
 res["runs"] = runs
 res["paired"] = {}
@@ -82,8 +90,9 @@ for arm in ARMS[1:]:
     res["paired"][f"{arm}_over_fixed"] = {"median": round(statistics.median(q), 4), "range": [round(q[0], 4), round(q[-1], 4)]}
 q = sorted(b["tok_s"] / a["tok_s"] for a, b in zip(runs["host"], runs["device"]))
 res["paired"]["device_over_host"] = {"median": round(statistics.median(q), 4), "range": [round(q[0], 4), round(q[-1], 4)]}
-res["median"] = {arm: {k: statistics.median(r[k] for r in v) for k in ("tok_s", "apply_ms", "kept_drafts", "proposed_drafts",
-                 "device_decisions", "host_decisions", "active_steps")} for arm, v in runs.items()}
+res["median"] = {arm: {k: statistics.median(r[k] for r in v) for k in ("tok_s", "apply_ms", "observe_ms", "collect_ms",
+                 "kept_drafts", "proposed_drafts", "device_decisions", "host_decisions", "active_steps", "rounds_ahead_used",
+                 "rounds_ahead_dropped")} for arm, v in runs.items()}
 res["allocator_graphs"] = sorted(alloc.graphs)
 res["wall_s"] = round(time.time() - t0, 1)
 print(json.dumps({k: res[k] for k in ("paired", "median")}), flush=True)
