@@ -214,7 +214,8 @@ class CapacityConfig:
     dynamic_depth: bool = True
     depth_window: int = 8
     online_sts: bool = True
-    plain_switch: bool = True              # depth 0 (plain decoding) above an automatic knee when it commits more tokens/ms
+    plain_switch: bool = False             # depth 0 (plain decoding) above an automatic knee when it commits more tokens/ms:
+                                           # opt-in, its noisy step timings chose plain decoding wrongly (chapter 21)
     log_interval: int = 200
     profile_context: int = 64
     coast: int = 14                        # bypassed steps at a steady load skipped between two full decisions
@@ -278,6 +279,7 @@ class CapacityController:
         self._coast: tuple[int, int] | None = None      # (bypassed steps still to let pass, at this request bucket)
         self._mark: tuple[float, float, int] | None = None   # (time, device ms the curve predicts, requests) at the last decision
         self.proposer = None                                 # the runner's proposer, when it decides on the device
+        self.canon = None                                    # the runner's rank-0 broadcast (`ModelRunner.canon`)
 
     def host_ms(self, R: int) -> float:
         "Host time of a step with R requests, as measured so far (0 before the first measurement)."
@@ -322,8 +324,14 @@ class CapacityController:
         candidate, or when its cut could not pay for leaving the fused round (`_round_pays`). With the device policy
         that budget is the one the last launch's decision took (`DeviceAllocator.used`). A wrong guess costs only
         the launch: the engine drops a launched round that does not match what it schedules."""
-        if self.bypasses(R, round_tokens): return True
-        if not self.stats.active or self.lagged is None or (self.switch is not None and self.switch.plain): return False
+        if not self.stats.active: return self.bypasses(R, round_tokens)
+        # active (a canonical state): the answer reads rank-local timings and budgets, so under TP it is rank 0's
+        keep = self.bypasses(R, round_tokens) or self._predicts_all(R, round_tokens)
+        return keep if self.canon is None else self.canon({"keep": keep}, "launch ahead while active")["keep"]
+
+    def _predicts_all(self, R: int, round_tokens: int | None) -> bool:
+        "`keeps_all` for an active lagged controller: its budget, known now, keeps every candidate (or fills the round)."
+        if self.lagged is None or (self.switch is not None and self.switch.plain): return False
         alloc = self.allocator
         if alloc is not None:
             if alloc.used is None: return False
@@ -377,6 +385,7 @@ class CapacityController:
             pr.allocator = DeviceAllocator(runner.K, max_num_seqs, ctl.curve, config.policy, config.threshold, pr.ctx.pos.device)
             ctl.proposer = pr
         ctl.read(runner, config.activation == 1)      # forced on from one request: the first proposals are read already
+        ctl.canon = getattr(runner, "canon", None)
         ctl._device_inputs(runner)
         return ctl
 

@@ -344,8 +344,8 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argpar
     f("capacity-activation", type=int, default=None, help="requests per step at which capacity control starts (default: the curve's knee)")
     f("dynamic-draft-depth", action=argparse.BooleanOptionalAction, default=True, help="load-aware physical draft depth")
     f("online-sts", action=argparse.BooleanOptionalAction, default=True, help="calibrate the confidence head online")
-    f("plain-switch", action=argparse.BooleanOptionalAction, default=True,
-      help="above the knee, stop drafting (depth 0) while plain decoding commits more tokens per second")
+    f("plain-switch", action=argparse.BooleanOptionalAction, default=False,
+      help="above the knee, stop drafting (depth 0) while plain decoding commits more tokens per second (opt-in)")
     a = p.parse_args(argv)
     try: capacity_config(a)
     except ValueError as e: p.error(str(e))

@@ -291,9 +291,9 @@ def test_serve_flags(ck7):
                    env={"DSPARK_CAPACITY": "lagged", "DSPARK_CAPACITY_ACTIVATION": "2", "DSPARK_ONLINE_STS": "0"})
     conf, _ = resolve(a)
     assert conf["capacity"]["policy"] == "lagged" and conf["capacity"]["activation"] == 2 and not conf["capacity"]["online_sts"]
-    assert conf["capacity"]["plain_switch"]
-    a = parse_args(["--model", str(ck7), "--capacity", "auto", "--no-plain-switch"], env={})
-    assert not capacity_config(a).plain_switch
+    assert not conf["capacity"]["plain_switch"]                       # opt-in
+    a = parse_args(["--model", str(ck7), "--capacity", "auto", "--plain-switch"], env={})
+    assert capacity_config(a).plain_switch
     with pytest.raises(SystemExit): parse_args(["--capacity-threshold", "2", "--capacity", "threshold"], env={})
     a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20), "--capacity", "off"], env={})
     assert resolve(a)[0]["capacity"] is None and capacity_config(a) is None
@@ -388,7 +388,7 @@ def test_steady_bypass_coasts_between_full_decisions():
         assert len(calls) == before + 1
         cap.idle(); cap.apply(reqs(7), runner)
         assert len(calls) == before + 2 and cap._coast is None           # after idling, the first step only marks
-    cap = CapacityController(CapacityConfig(policy="scheduler"), 5, flat, [1, 8, 96], 16)   # with the plain switch:
+    cap = CapacityController(CapacityConfig(policy="scheduler", plain_switch=True), 5, flat, [1, 8, 96], 16)   # with the switch:
     cap.activation, cap.switch.decide = 2, lambda R: True                # drafting is off, no coasting
     for _ in range(5): cap.apply(reqs(8), runner)
     assert cap.stats.coasted_steps == 0

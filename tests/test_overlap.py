@@ -246,7 +246,8 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
         monkeypatch.setattr(PlainSwitch, "decide", decide)
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
                          kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False,
-                         capacity=CapacityConfig(policy="threshold", sps=[(B, 1.0) for B in range(1, 64)], coast=0))   # a
+                         capacity=CapacityConfig(policy="threshold", sps=[(B, 1.0) for B in range(1, 64)], coast=0,
+                                                 plain_switch=True))   # a
         # decision every step: the script is the switch's, step by step (coasting has its own test, test_capacity)
         cap = llm.runner.capacity
         cap.activation = 1                                   # the switch runs at every size (the knee is automatic)
@@ -282,7 +283,7 @@ def test_capacity_records_only_steps_that_keep_their_mode():
     from types import SimpleNamespace
     from dspark.capacity import SPSCurve
     from dspark.capacity_control import CapacityConfig, CapacityController
-    cap = CapacityController(CapacityConfig(policy="scheduler"), 5, SPSCurve([(1, 1.0), (96, 1.0)], capture_limit=96),
+    cap = CapacityController(CapacityConfig(policy="scheduler", plain_switch=True), 5, SPSCurve([(1, 1.0), (96, 1.0)], capture_limit=96),
                              [1, 8, 96], 16)
     cap.activation = 1
     got = []
