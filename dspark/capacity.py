@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 # %% auto #0
-__all__ = ['POLICY_CODES', 'batch_survival', 'check_threshold', 'threshold_lengths', 'scheduler_lengths', 'search_budget',
+__all__ = ['DEVICE_POLICIES', 'batch_survival', 'check_threshold', 'threshold_lengths', 'scheduler_lengths', 'search_budget',
            'admit_top', 'global_lengths', 'LaggedBudget', 'capture_sizes', 'graph_bucket', 'SPSCurve', 'profile_sps',
            'resolve_sps', 'device_lengths', 'DeviceDecision', 'DeviceAllocator', 'first_token_law']
 
@@ -284,14 +284,14 @@ def resolve_sps(spec, runner, sizes: list[int], context: int = 64) -> SPSCurve:
     return SPSCurve(**runner.canon(curve.to_json()))
 
 # %% ../nbs/21_capacity.ipynb #5e37cb5e
-POLICY_CODES = {"threshold": 0, "scheduler": 1, "lagged": 2}
+DEVICE_POLICIES = ("threshold", "scheduler", "lagged")
 
 def device_lengths(z: torch.Tensor, params: torch.Tensor, table: torch.Tensor, policy: str, K: int) -> torch.Tensor:
-    """The verify-length policies as fixed-shape tensor work (capturable): `z [B, K]` confidence logits (rows at or
-    past R are padding), `params` fp64 `[8 + K]` = (R, host ms per request, step ms, draft ms per request, n₀, R₀, θ,
-    the depth d, temperatures…): positions at or past d are no candidates, `table`
-    fp64 verify ms of 1…len(table) tokens. Returns fp64 `[B + 2]`: each row's length, the unconstrained search's
-    budget, the number of candidates (survival > 0). `n₀ < 0`: the lagged policy verifies every candidate."""
+    """The verify-length policies as fixed-shape tensor work (capturable). `z [B, K]`: confidence logits, rows at or
+    past R padding. `params` fp64 `[8 + K]`: R, host ms per request, step ms, draft ms per request, n₀, R₀, θ, the
+    depth d (positions at or past it are no candidates), then the temperatures. `table` fp64: the verify ms of
+    1…len(table) tokens. Returns fp64 `[B + 2]`: each row's length, the unconstrained search's budget, the number of
+    candidates (survival > 0). `n₀ < 0`: the lagged policy verifies every candidate."""
     B, dev = z.shape[0], z.device
     R, host_ms, step_ms, draft_ms, n0, R0, theta, depth = params[:8].unbind()
     live = (torch.arange(B, device=dev) < R)[:, None] & (torch.arange(K, device=dev) < depth)
@@ -328,7 +328,7 @@ class DeviceAllocator:
     and a pinned result row, both double-buffered so a launch never overwrites what the previous one still copies."""
     def __init__(self, K: int, max_requests: int, curve: "SPSCurve", policy: str, theta: float, device,
                  capture: bool | None = None):
-        if policy not in POLICY_CODES: raise ValueError(f"unknown capacity policy {policy!r}")
+        if policy not in DEVICE_POLICIES: raise ValueError(f"the device decides {DEVICE_POLICIES}, not {policy!r}")
         self.K, self.policy, self.theta, self.max_requests = K, policy, float(theta), max_requests
         dev = torch.device(device)
         self.cuda = dev.type == "cuda"
