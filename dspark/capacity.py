@@ -342,7 +342,7 @@ class DeviceAllocator:
         self.stage = [torch.zeros(8 + K, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.host = [torch.zeros(max_requests + 2, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
-        self.turn, self.graphs, self.launches = 0, {}, 0
+        self.turn, self.graphs = 0, {}
         self.used: tuple[int, list[float]] | None = None    # (R, inputs) of the last launch: what its decision took
         self.inputs = [0.0, 0.0, 0.0, -1.0, 1.0, self.theta, K] + [1.0] * K   # all but R: see `prepare`
 
@@ -352,7 +352,7 @@ class DeviceAllocator:
         draft ms, the lagged decision `(n₀, R₀)` (None: verify every candidate), the calibration temperatures
         (None: the raw head) and the physical depth the proposals are drafted at (None: K)."""
         n0, R0 = (-1.0, 1.0) if lagged is None else (float(lagged[0]), float(lagged[1]))
-        T = [1.0] * self.K if temps is None else [float(t) for t in temps[: self.K]]
+        T = [1.0] * self.K if temps is None else [float(t) for t in (temps[: self.K].tolist() if torch.is_tensor(temps) else temps[: self.K])]
         d = self.K if depth is None else min(int(depth), self.K)
         self.inputs = [float(host_ms), float(step_ms), float(draft_ms), n0, R0, self.theta, float(d)] + T
 
@@ -388,7 +388,6 @@ class DeviceAllocator:
         host[: b + 2].copy_(self.out[: b + 2], non_blocking=self.cuda)
         ev = self.events[slot]
         if ev is not None: ev.record()
-        self.launches += 1
         def fetch():
             if ev is not None: ev.synchronize()
             v = host[: b + 2].tolist()
