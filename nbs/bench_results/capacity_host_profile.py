@@ -2,7 +2,7 @@
 trained default model, bf16, graphs): `WAVES x C` requests, at most C in flight, fixed K and capacity alternating for
 `REPEATS` runs. Per mode: tok/s, steps by kind (rounds launched ahead and taken, plain steps, admitting steps), the
 host's time per step, and a cProfile of the engine's steps (top functions by own time).
-OUT=. [C=64] [WAVES=4] [REPEATS=3] [TOKENS=128] python capacity_host_profile.py"""
+OUT=. [C=64] [WAVES=4] [REPEATS=3] [TOKENS=128] [TOP=22] python capacity_host_profile.py"""
 import collections, cProfile, io, json, os, pstats, statistics, time, torch
 from dspark.capacity_control import _capacity_attached, _sweep_run
 from dspark.engine import frozen_heap
@@ -35,7 +35,7 @@ res = {"gpu": torch.cuda.get_device_name(), "C": C, "waves": WAVES, "runs": runs
 res["capacity_over_fixed"] = round(res["tok_s_median"]["capacity"] / res["tok_s_median"]["fixed"], 4)
 print(json.dumps({k: res[k] for k in ("tok_s_median", "step_ms", "capacity_over_fixed")}), flush=True)
 for m, p in profs.items():
-    s = io.StringIO(); pstats.Stats(p, stream=s).sort_stats("tottime").print_stats(22)
+    s = io.StringIO(); pstats.Stats(p, stream=s).sort_stats("tottime").print_stats(int(os.environ.get("TOP", 22)))
     res[f"cprofile_{m}"] = s.getvalue()
-    print(m, s.getvalue()[:4500], flush=True)
+    print(m, s.getvalue()[:9000], flush=True)
 json.dump(res, open(f"{OUT}/{os.environ.get('NAME', 'capacity_host_profile')}.json", "w"), indent=1)
