@@ -20,7 +20,7 @@ import torch
 # %% auto #0
 __all__ = ['DEVICE_POLICIES', 'batch_survival', 'check_threshold', 'threshold_lengths', 'scheduler_lengths', 'search_budget',
            'admit_top', 'global_lengths', 'LaggedBudget', 'capture_sizes', 'graph_bucket', 'SPSCurve', 'profile_sps',
-           'resolve_sps', 'device_lengths', 'DeviceDecision', 'DeviceAllocator', 'first_token_law']
+           'eager_verify_fit', 'resolve_sps', 'device_lengths', 'DeviceDecision', 'DeviceAllocator', 'first_token_law']
 
 # %% ../nbs/21_capacity.ipynb #4dd576b8
 def batch_survival(conf: torch.Tensor, n: torch.Tensor | list[int] | None = None) -> torch.Tensor:
@@ -240,7 +240,12 @@ def _clock(fn, reps: int, device) -> float:
 def profile_sps(runner, sizes: list[int], context: int = 64, reps: int = 3) -> SPSCurve:
     """Measure verify time at each bucket size and the draft cost. With CUDA graphs (`runner.forward` is a
     `GraphRunner`) it times the captured steps themselves, all-padding (they write only scratch sinks), and
-    the batched draft step; otherwise the eager forward over a scratch cache and per-request drafting."""
+    the batched draft step. Otherwise it times the eager forward over a scratch cache and the eager batched draft
+    step, and fits `verify(B)` at a fixed request count: an eager step's cost has a part per request (per-request
+    attention and bookkeeping launch ops one request at a time) and a part per token. Sweeping B by adding requests,
+    which this profile did first, priced that per-request part as tokens: on a CI core 96 tokens came out 3.4-3.7x 16,
+    where 16 requests verifying 6 tokens each cost the engine 210 ms a step against 198 with 2 each. The per-request
+    part joins the curve's `draft_ms·R` term, which the policies hold fixed for a step's R requests."""
     fwd = runner.forward
     if callable(getattr(fwd, "step_ms", None)) and getattr(fwd, "graphs", None):
         pts = [(n, fwd.step_ms(n, max(reps, 5))) for n in fwd.sizes]
@@ -248,8 +253,6 @@ def profile_sps(runner, sizes: list[int], context: int = 64, reps: int = 3) -> S
         step = max(dg.step_ms(R, max(reps, 5)) for R in dg.sizes) if dg is not None else 0.0
         return SPSCurve(pts, 0.0, fwd.sizes[-1], step)
     from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
-    from dspark.sampling import SamplingParams
-    from dspark.speculative import DSparkProposer
     model, K, cc0 = runner.model, runner.K, runner.cache.cc
     dev = model.embed.weight.device
     R, bs = math.ceil(max(sizes) / (K + 1)), cc0.block_size
@@ -262,18 +265,41 @@ def profile_sps(runner, sizes: list[int], context: int = 64, reps: int = 3) -> S
     feats: list[torch.Tensor] = []
     forward_cached(model, cache, [ids[i, :context] for i in range(R)], [SeqView(t, t, i, 0) for i, t in enumerate(tables)],
                    taps, feats)
-    pts = []
-    for B in sorted(sizes):
-        n = math.ceil(B / (K + 1))
-        lens = [K + 1] * (n - 1) + [B - (K + 1) * (n - 1)]
-        chunks = [ids[i, context:context + m] for i, m in enumerate(lens)]
-        views = [SeqView(tables[i], tables[i], i, context) for i in range(n)]
-        pts.append((B, _clock(lambda: forward_cached(model, cache, chunks, views), reps, dev)))
-    scratch = DSparkProposer(runner.proposer.drafter, 1, dev)
-    scratch.observe(0, "profile", feats[0], torch.arange(context, device=dev), ids[0].tolist())
-    sp = SamplingParams(temperature=1.0)
-    draft = _clock(lambda: scratch.propose(0, "profile", int(ids[0, context]), context, K, sp, 0), reps, dev)
-    return SPSCurve(pts, draft, max(sizes))
+    run = fwd if callable(fwd) else forward_cached        # the engine's own eager forward (batched attention on CUDA)
+    def verify(r: int, m: int) -> float:
+        "Milliseconds of an eager verify forward of r requests with m tokens each."
+        chunks, views = [ids[i, context:context + m] for i in range(r)], [SeqView(tables[i], tables[i], i, context) for i in range(r)]
+        return _clock(lambda: run(model, cache, chunks, views), max(reps, 5), dev)
+    pts, per_request = eager_verify_fit(verify(1, 1), verify(R, 1), verify(R, K + 1), R, K)
+    step_ms, draft_ms = _eager_draft_cost(runner.proposer.drafter, feats[0], ids[0], context, R, K, reps)
+    return SPSCurve(pts, draft_ms + per_request, 0, step_ms)   # capture limit 0: no buckets, B on the line
+
+def eager_verify_fit(one: float, wide: float, deep: float, R: int, K: int) -> tuple[list[tuple[int, float]], float]:
+    """Split eager verify times into `t(r, m) = base + per_request·r + per_token·r·m` (r requests of m tokens):
+    `one = t(1, 1)`, `wide = t(R, 1)`, `deep = t(R, K + 1)`. Returns the curve's two points, `B = 1` and a full
+    batch `B = R·(K + 1)` (the line `base + per_token·B`, which `SPSCurve` interpolates and extrapolates), and the
+    per-request part. Noise can make a difference negative; each part is clamped at 0 and the base kept positive."""
+    per_token = max(0.0, (deep - wide) / (R * K))
+    per_request = max(0.0, (wide - one) / (R - 1) - per_token) if R > 1 else 0.0
+    base, top = max(one - per_request - per_token, 1e-3), R * (K + 1)
+    return [(1, base + per_token), (top, base + per_token * top)], per_request
+
+def _eager_draft_cost(drafter, feats: torch.Tensor, ids: torch.Tensor, context: int, R: int, K: int, reps: int) -> tuple[float, float]:
+    """`(draft_step_ms, draft_ms)` of the eager batched draft step, the one the engine runs for a step's requests
+    (`DSparkProposer.propose_greedy`): timed for 1 and for R requests on a scratch proposer whose rings all hold one
+    context, and split into a per-step and a per-request part. Timing one request's `propose` and charging it R
+    times (what this profile did first) priced 16 requests' drafting at ~280 ms on a CI core, ~R times what one
+    batched forward costs, so the controller overrated every step's fixed cost and never measured the host's."""
+    from dspark.speculative import DSparkProposer
+    dev = feats.device
+    scratch = DSparkProposer(drafter, R, dev)
+    for slot in range(R): scratch.observe(slot, f"profile{slot}", feats, torch.arange(context, device=dev), ids.tolist())
+    def draft(r: int):
+        slots = torch.arange(r, device=dev)
+        return lambda: scratch.draft_tensors(slots, ids[context].repeat(r), torch.full((r,), context, device=dev), K)
+    one, many = _clock(draft(1), reps, dev), _clock(draft(R), reps, dev)
+    per = max(0.0, (many - one) / (R - 1)) if R > 1 else 0.0
+    return max(0.0, one - per), per
 
 def resolve_sps(spec, runner, sizes: list[int], context: int = 64) -> SPSCurve:
     "The curve a CapacityConfig names, made canonical (rank 0's) through the runner's `canon`."

@@ -543,7 +543,7 @@ class CapacityController:
         s.kept_hist += [0] * (self.K + 1 - len(s.kept_hist))
         for k in kept: s.kept_hist[k] += 1
         s.verify_tokens = len(kept) + sum(kept)
-        s.bucket = graph_bucket(s.verify_tokens, self.sizes) or 0
+        s.bucket = (graph_bucket(s.verify_tokens, self.sizes) or 0) if self.curve.capture_limit else 0   # eager: no padding
         if s.bucket: s.padded_tokens += s.bucket - s.verify_tokens
         self.steps += 1
         if self.steps % self.config.log_interval == 0: log.info(self.summary())

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, first_token_law,
-                             global_lengths, scheduler_lengths, search_budget, threshold_lengths)
+from dspark.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, eager_verify_fit,
+                             first_token_law, global_lengths, scheduler_lengths, search_budget, threshold_lengths)
 from dspark.capacity_control import CapacityConfig, capacity_sweep
 from dspark.engine import LLM
 from dspark.metrics import EngineMetrics, scrape
@@ -268,13 +268,28 @@ def test_bad_input(ck7, tmp_path):
     assert SPSCurve.load(tmp_path / "ok.json") == c
 
 
+def test_eager_verify_fit():
+    "The eager profile's split: per-request cost is not priced as tokens, and the line recovers a known cost model."
+    t = lambda r, m: 4.0 + 3.0 * r + 0.25 * r * m              # base, per request, per token (ms)
+    R, K = 16, 5
+    pts, per_request = eager_verify_fit(t(1, 1), t(R, 1), t(R, K + 1), R, K)
+    assert per_request == pytest.approx(3.0)
+    curve = SPSCurve(pts, per_request, 0)
+    for r, m in ((16, 1), (16, 6), (7, 3), (30, 6)):             # every batch, inside the profile or past it
+        assert curve.draft_ms * r + curve.verify(r * m) == pytest.approx(t(r, m))
+    flat = eager_verify_fit(10.0, 40.0, 39.0, R, K)[0]          # noise: deep below wide reads as free tokens, not negative
+    assert flat[0][1] == flat[1][1] > 0
+    assert eager_verify_fit(5.0, 5.0, 5.0, 1, K) == ([(1, 5.0), (K + 1, 5.0)], 0.0)
+
+
 def test_auto_profile_and_metrics(ck7):
     "sps='auto' measures the curve on a scratch cache; the engine's capacity counters reach /metrics."
     spec = LLM(ck7, speculative="dspark", num_speculative_tokens=1, max_num_seqs=1, max_num_batched_tokens=64,
                kv_cache_memory_bytes=16 * 2**20, capacity=CapacityConfig(activation=1))
     curve = spec.runner.capacity.curve
-    assert [B for B, _ in curve.verify_ms] == [1, 2] and curve.capture_limit == 2 and curve.draft_ms > 0
-    assert all(ms > 0 for _, ms in curve.verify_ms)
+    # eager: one line through B = 1 and a full batch of K + 1 tokens a request, no buckets, the batched draft step timed
+    assert [B for B, _ in curve.verify_ms] == [1, 2] and curve.capture_limit == 0 and curve.draft_step_ms > 0
+    assert all(ms > 0 for _, ms in curve.verify_ms) and curve.verify_ms[1][1] >= curve.verify_ms[0][1]
     spec.generate(_prompts(1, seed=8), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     m = EngineMetrics("tiny")
     m.observe_engine(spec)
@@ -282,7 +297,7 @@ def test_auto_profile_and_metrics(ck7):
     assert got["dspark:capacity_active"] == 1 and got["dspark:draft_depth"] == spec.runner.capacity.depth
     assert got["dspark:capacity_proposed_drafts_total"] == cs.proposed and got["dspark:capacity_kept_drafts_total"] == cs.kept
     assert sum(v for k, v in got.items() if k.startswith("dspark:capacity_requests_by_kept_drafts_total")) == cs.active_steps
-    assert got["dspark:capacity_graph_tokens"] in (1, 2)
+    assert got["dspark:capacity_graph_tokens"] == 0                 # eager steps pad to no graph
 
 
 def test_serve_flags(ck7):
