@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SWEEPS = ["capacity_waves_bucket7", "capacity_waves_final5", "capacity_waves_device7", "capacity_waves_final9",
-          "capacity_waves_all5", "capacity_waves_roomer15"]
+          "capacity_waves_all5", "capacity_waves_roomer15", "capacity_waves_eagerfit5"]
 AB = ["capacity_ab_bucket", "capacity_ab_final", "capacity_ab_pooled"]
 
 def sweep_pairs(rec: dict, c: int) -> list[float]:
