@@ -97,13 +97,14 @@ class LaggedBudget:
     def lengths(self, a: torch.Tensor, sps_for: Callable[[int], Callable[[int], float]]) -> list[int]:
         "`sps_for(R)`: the SPS curve for a batch of R requests. Verifies everything until the history fills."
         R, ranked = a.shape[0], _ranked(a)          # one sort for the admission and the search
-        if len(self.history) < self.lag or self.history[0] is None: out = (a > 0).sum(-1).tolist()
-        else:
-            n0, R0 = self.history[0]
-            out = admit_top(a, round(n0 * R / R0), ranked)
-        decision = (search_budget(a, sps_for(R), ranked), R) if len(ranked[0]) else None   # None: nothing was proposed
-        self.history = (self.history + [decision])[-self.lag:]
+        due = self.due()
+        out = (a > 0).sum(-1).tolist() if due is None else admit_top(a, round(due[0] * R / due[1]), ranked)
+        self.record((search_budget(a, sps_for(R), ranked), R) if len(ranked[0]) else None)   # None: nothing was proposed
         return out
+
+    def due(self) -> tuple[int, int] | None:
+        "The decision the next step admits by, `lag` decisions old: `(budget, requests)`, or None (verify every candidate)."
+        return self.history[0] if len(self.history) >= self.lag else None
 
     def record(self, decision: tuple[int, int] | None) -> None:
         "A decision made elsewhere (on the device, `DeviceAllocator`): `(budget, requests)`, None if nothing was proposed."

@@ -337,8 +337,7 @@ class CapacityController:
             if alloc.used is None: return False
             R, (n0, R0, depth) = alloc.used[0], (alloc.used[1][i] for i in (3, 4, 6))
         else:
-            lb = self.lagged
-            n0, R0 = (-1, 1) if len(lb.history) < lb.lag or lb.history[0] is None else lb.history[0]
+            n0, R0 = self.lagged.due() or (-1, 1)
             depth = self.depth
         if n0 < 0: return True                     # no budget yet: every candidate is verified
         n = round(n0 * R / R0)
@@ -519,8 +518,7 @@ class CapacityController:
         rounds: non-anticipating)."""
         alloc = getattr(runner.proposer, "allocator", None)
         if alloc is None or runner.proposer.confidence is None: return
-        lb = self.lagged
-        lagged = lb.history[0] if lb is not None and len(lb.history) >= lb.lag else None
+        lagged = self.lagged.due() if self.lagged is not None else None
         alloc.prepare(self.host_ms_per_request or 0.0, self.curve.draft_step_ms, self.curve.draft_ms, lagged,
                       self.sts.temps if self.sts else None, self.depth or self.K)
 

@@ -195,10 +195,7 @@ class DSparkProposer:
             dev = self.ctx.pos.device
             t = lambda v: on_device(v, torch.long, dev)
             drafts, conf, complete = self.draft_rows(t(slots), t(anchors), t(P), max(n), RowParams.of(params, seeds, dev))
-        fetch = self.allocate(conf, len(rids))
-        out, full = drafts.tolist(), complete.tolist()
-        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)   # plain floats: one copy, no row tensors
-        return self.collect(rids, n, out, decided(conf, fetch), full)
+        return self._read(rids, n, drafts, conf, complete)
 
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
@@ -209,10 +206,15 @@ class DSparkProposer:
             dev = self.ctx.pos.device
             t = lambda v: torch.tensor(v, device=dev)
             drafts, conf, complete = self.draft_tensors(t(slots), t(anchors), t(P), max(n))
+        return self._read(rids, n, drafts, conf, complete)
+
+    def _read(self, rids: list[str], n: list[int], drafts: torch.Tensor, conf: torch.Tensor, complete: torch.Tensor) -> list[list[int]]:
+        """A batched draft step's results to the host: capacity control's device decision queued behind the step
+        while it reads confidences, then one copy each (the drafts' copy waits for the step; a graph's outputs are
+        overwritten by its next replay) — confidences as plain floats, not a tensor a row."""
         fetch = self.allocate(conf, len(rids))
         out, full = drafts.tolist(), complete.tolist()
-        # one copy for the batch (the drafts' copy already waited); a graph's output is overwritten by its next replay
-        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)   # plain floats: one copy, no row tensors
+        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
         return self.collect(rids, n, out, decided(conf, fetch), full)
 
     def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
