@@ -1,9 +1,10 @@
+__version__ = "0.0.1"
 """dspark: a literate serving engine for DeepSeek-V4-Flash with DSpark speculative decoding.
 
 The package is exported from the notebooks in `nbs/`; this file gathers the public API (and makes the one
 process-wide decision below).
 """
-__version__ = "0.1.0"
+from dspark.config import __version__
 
 import os as _os
 import sys as _sys
@@ -16,9 +17,9 @@ if "triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ and no
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from dspark.config import ConfigError, ModelConfig, load_config, preset
-from dspark.layers import batch_invariant, is_batch_invariant
-from dspark.checkpoint import CheckpointError, load_target, make_tiny_checkpoint, save_checkpoint
-from dspark.model import Transformer
-from dspark.sampling import SamplingParams
+from dspark.model.layers import batch_invariant, is_batch_invariant
+from dspark.model.checkpoint import CheckpointError, load_target, make_tiny_checkpoint, save_checkpoint
+from dspark.model.transformer import Transformer
+from dspark.sample.sampling import SamplingParams
 from dspark.tokenizer import Tokenizer
-from dspark.engine import LLM, CompletionOutput, RequestOutput
+from dspark.engine.core import LLM, CompletionOutput, RequestOutput

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+__version__ = "0.1.0"   # the package's version: pyproject.toml reads it here, `dspark.__version__` re-exports it
+
 # %% auto #0
 __all__ = ['SLIDING', 'CSA', 'HCA', 'SCORING_FUNCS', 'PRESETS', 'ConfigError', 'ModelConfig', 'validate', 'from_dict',
            'load_config', 'to_dict', 'save_config', 'preset']

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
-from dspark.layers import is_batch_invariant
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+from dspark.model.layers import is_batch_invariant
 
 TAPS = (1, 3)
 
@@ -104,7 +104,7 @@ def test_switch_restores_state():
 
 
 def test_per_token_rejects_mismatched_token_dims():
-    from dspark.layers import per_token
+    from dspark.model.layers import per_token
     with pytest.raises(ValueError, match="leading token dims"):
         per_token(torch.add, torch.zeros(2, 3), torch.zeros(3, 3))
 

@@ -5,11 +5,11 @@ confidences of the per-request `propose`."""
 import torch
 
 import dspark
-from dspark.drafter import load_drafter
-from dspark.engine import greedy_verify
-from dspark.rejection import rejection_sample
-from dspark.sampling import SamplingParams
-from dspark.speculative import DSparkProposer
+from dspark.model.drafter import load_drafter
+from dspark.engine.core import greedy_verify
+from dspark.sample.rejection import rejection_sample
+from dspark.sample.sampling import SamplingParams
+from dspark.spec.proposers import DSparkProposer
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -73,7 +73,7 @@ def test_batched_observe_of_long_chunks_equals_per_request_observe(tiny_ckpt):
 
 def test_fused_rope_block_attention_equals_the_reference(tiny_ckpt):
     "The GPU fast path's drafter attention (one norm + RoPE kernel, Triton's interpreter here) against `Attention.qkv`/`output`."
-    from dspark.kernels_fused import qkv_rope_insert_          # compiled on a GPU machine: the test runs there on the GPU
+    from dspark.kernels.fused import qkv_rope_insert_          # compiled on a GPU machine: the test runs there on the GPU
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     target = dspark.load_target(tiny_ckpt, device=dev)
     drafter = load_drafter(tiny_ckpt, target)

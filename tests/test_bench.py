@@ -3,8 +3,8 @@ requested number of requests in flight and serves them all, and the command line
 import pytest
 
 import dspark
-from dspark.bench import _timed_batch, format_table, parse_args, run_bench
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _timed_batch, format_table, parse_args, run_bench
+from dspark.sample.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,8 @@ def test_cli_refuses_bad_values():
 def test_prefill_lengths_fit_the_model_before_anything_runs(capsys):
     """The embedded model's context is 2,048 tokens: by default the prefill sweep keeps the 1K prompt and says which
     it skipped; a length asked for that does not fit stops the run at once, not after the decode sweep."""
-    from dspark.bench import main, prefill_lengths
-    from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.tools.bench import main, prefill_lengths
+    from dspark.model.checkpoint import DEFAULT_MODEL
     assert prefill_lengths(DEFAULT_MODEL, None) == [1024]
     assert "[4096, 16384, 65536] skipped" in capsys.readouterr().err
     assert prefill_lengths(DEFAULT_MODEL, []) == [] and prefill_lengths(DEFAULT_MODEL, [2040]) == [2040]

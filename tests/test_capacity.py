@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import dspark
-from dspark.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, eager_verify_fit,
+from dspark.spec.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, eager_verify_fit,
                              first_token_law, global_lengths, scheduler_lengths, search_budget, threshold_lengths)
-from dspark.capacity_control import CapacityConfig, capacity_sweep
-from dspark.engine import LLM
-from dspark.metrics import EngineMetrics, scrape
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import CapacityConfig, capacity_sweep
+from dspark.engine.core import LLM
+from dspark.engine.metrics import EngineMetrics, scrape
+from dspark.sample.sampling import SamplingParams
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
 # verification gets dearer with every token: the policies keep some drafts and drop others
@@ -301,7 +301,7 @@ def test_auto_profile_and_metrics(ck7):
 
 
 def test_serve_flags(ck7):
-    from dspark.serve import capacity_config, parse_args, resolve
+    from dspark.entrypoints.serve import capacity_config, parse_args, resolve
     a = parse_args(["--model", str(ck7), "--kv-cache-memory-bytes", str(64 * 2**20)],
                    env={"DSPARK_CAPACITY": "lagged", "DSPARK_CAPACITY_ACTIVATION": "2", "DSPARK_ONLINE_STS": "0"})
     conf, _ = resolve(a)
@@ -337,8 +337,8 @@ def test_capacity_sweep_steady_load(ck7):
 def test_measured_host_time_gates_activation():
     "With the automatic knee, a load where host time swamps verification stays bypassed (exactly fixed K)."
     from types import SimpleNamespace
-    from dspark.capacity import SPSCurve
-    from dspark.capacity_control import CapacityController
+    from dspark.spec.capacity import SPSCurve
+    from dspark.spec.controller import CapacityController
     curve = SPSCurve([(1, 1.0), (8, 1.0), (16, 2.0), (48, 6.0), (96, 12.0)], capture_limit=96)   # verify is costly
     cap = CapacityController(CapacityConfig(policy="scheduler"), 5, curve, [1, 8, 16, 48, 96], 16)
     assert cap.activation <= 8 and cap.worth(8)                  # no host time measured: pruning pays at 8
@@ -365,8 +365,8 @@ def test_steady_bypass_coasts_between_full_decisions():
     time, the second records it) and lets the others pass, counted as bypassed; a request count outside the bucket,
     an idle engine and `coast=0` end it, and the drafts are never cut."""
     from types import SimpleNamespace
-    from dspark.capacity import SPSCurve
-    from dspark.capacity_control import CapacityController
+    from dspark.spec.capacity import SPSCurve
+    from dspark.spec.controller import CapacityController
     flat = SPSCurve([(1, 1.0), (96, 1.0)], capture_limit=96)             # pruning never pays: always bypassed
     def full_decisions(steps: int, coast: int) -> int:   # the schedule the docstring states
         full, left, marked = 0, 0, False
@@ -413,8 +413,8 @@ def test_steady_bypass_coasts_between_full_decisions():
 def test_fused_round_is_kept_when_pruning_saves_less_than_its_overlap():
     "Lagged control under fused rounds: a pruned batch that would verify no cheaper than the round keeps every draft."
     from types import SimpleNamespace
-    from dspark.capacity import SPSCurve
-    from dspark.capacity_control import CapacityController
+    from dspark.spec.capacity import SPSCurve
+    from dspark.spec.controller import CapacityController
     sizes = [8, 16, 32, 48]
     rounds = SimpleNamespace(graphs={8: None}, rows=lambda R: 8 * 6 if R <= 8 else None)   # one 8-request round, width 6
     greedy = SamplingParams(temperature=0.0)

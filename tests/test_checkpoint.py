@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.checkpoint import CheckpointError, dequantize_state, quantize_checkpoint, read_tensors, save_checkpoint
-from dspark.quant import e8m0_to_float
+from dspark.model.checkpoint import CheckpointError, dequantize_state, quantize_checkpoint, read_tensors, save_checkpoint
+from dspark.model.quant import e8m0_to_float
 
 
 def test_layout(tiny_ckpt):

@@ -3,8 +3,8 @@
 Builds with tools/build_docs.py into tmp_path, then loads pages from disk (file://) in Chromium with
 name resolution disabled, so anything that needs the network fails to load.
 
-While the committed notebooks carry no outputs yet, the index and `01_layers` are executed into
-tmp_path first (never in nbs/), so the figure check has something to find. Once `01_layers` is
+While the committed notebooks carry no outputs yet, the index and `04_layers` are executed into
+tmp_path first (never in nbs/), so the figure check has something to find. Once `04_layers` is
 committed with outputs the test uses nbs/ as it is, and a missing figure fails.
 """
 from __future__ import annotations
@@ -59,12 +59,12 @@ def _execute_copy(src: Path, dest: Path):
 
 
 def _notebook_dir(tmp_path: Path) -> Path:
-    "nbs/ if `01_layers` has committed outputs, else a copy with the index and `01_layers` executed."
-    if _outputs(NBS / "01_layers.ipynb"): return NBS
+    "nbs/ if `04_layers` has committed outputs, else a copy with the index and `04_layers` executed."
+    if _outputs(NBS / "04_layers.ipynb"): return NBS
     alt = tmp_path / "nbs"
     alt.mkdir()
     for p in NBS.glob("*.ipynb"): shutil.copy2(p, alt / p.name)
-    for name in ("index.ipynb", "01_layers.ipynb"):
+    for name in ("index.ipynb", "04_layers.ipynb"):
         if (NBS / name).exists(): _execute_copy(NBS / name, alt / name)
     return alt
 
@@ -116,7 +116,7 @@ def site(tmp_path_factory):
 
 def test_site_files(site):
     names = {p.name for p in site.iterdir()}
-    assert {"index.html", "01_layers.html"} <= names
+    assert {"index.html", "04_layers.html"} <= names
     # every numbered notebook became a page, in the nav of the index
     index = (site / "index.html").read_text(encoding="utf-8")
     for nb in sorted(NBS.glob("[0-9]*.ipynb")):
@@ -133,7 +133,7 @@ def test_index_renders(site, tmp_path):
 
 
 def test_layers_page_renders(site, tmp_path):
-    page = site / "01_layers.html"
+    page = site / "04_layers.html"
     dom = _dump_dom(tmp_path, page, "layers")
     text = _text(dom)
     assert "def rms_norm(" in text, "code missing"
@@ -144,7 +144,7 @@ def test_layers_page_renders(site, tmp_path):
     assert any(re.search(r'src="(data:image/png;base64,|[^"]+\.png")', i) for i in imgs), \
         f"no PNG figure on the page ({len(imgs)} <img> tags)"
 
-    shot = tmp_path / "01_layers.png"
+    shot = tmp_path / "04_layers.png"
     _chrome(tmp_path, "shot", f"--screenshot={shot}", "--window-size=1280,3600", "--hide-scrollbars",
             page.as_uri())
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "no screenshot"

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import dspark
-import dspark.drafter as D
-from dspark.layers import hc_head, hc_post, hc_pre
-from dspark.sampling import SamplingParams
+import dspark.model.drafter as D
+from dspark.model.layers import hc_head, hc_post, hc_pre
+from dspark.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 T_CTX, ANCHOR = 45, 23
@@ -158,7 +158,7 @@ def test_markov_sampling_equals_teacher_forced_scoring(setup):
     sp = SamplingParams(temperature=0.8, top_k=50)
     toks, q, conf = drafter.markov_sample(U, h, ANCHOR, sp, 9, T_CTX)
     lg, conf_tf = drafter.markov(U, h, torch.tensor(D.markov_prev(ANCHOR, toks)))
-    from dspark.sampling import process_logits
+    from dspark.sample.sampling import process_logits
     torch.testing.assert_close(q, process_logits(lg, 0.8, 50).softmax(-1))
     torch.testing.assert_close(conf, conf_tf)
 
@@ -185,7 +185,7 @@ def test_checkpoint_without_drafter_is_refused(tmp_path):
 
 
 def test_missing_confidence_head_is_refused(tiny_ckpt, tmp_path):
-    from dspark.checkpoint import CheckpointError, read_tensors, save_checkpoint
+    from dspark.model.checkpoint import CheckpointError, read_tensors, save_checkpoint
     raw = read_tensors(tiny_ckpt)
     last = tiny_ckpt and max(int(k.split(".")[1]) for k in raw if k.startswith("mtp."))
     raw.pop(f"mtp.{last}.confidence_head.proj.weight")
@@ -196,7 +196,7 @@ def test_missing_confidence_head_is_refused(tiny_ckpt, tmp_path):
 
 def test_renamed_markov_keys_load(tiny_ckpt, tmp_path):
     "V4.1 names the Markov tensors markov_head.embed / markov_head.head: same math, other names."
-    from dspark.checkpoint import read_tensors, save_checkpoint
+    from dspark.model.checkpoint import read_tensors, save_checkpoint
     raw = {k.replace("markov_w1", "embed").replace("markov_w2", "head"): v for k, v in read_tensors(tiny_ckpt).items()}
     alt = save_checkpoint(raw, dspark.load_config(tiny_ckpt), tmp_path / "alt")
     t = dspark.load_target(tiny_ckpt)
@@ -206,8 +206,8 @@ def test_renamed_markov_keys_load(tiny_ckpt, tmp_path):
 
 def test_block_rope_angles_once_per_table():
     "The embedded drafter's two stages share one RoPE table: a block computes its cos/sin once, not once a stage."
-    from dspark.checkpoint import DEFAULT_MODEL
-    from dspark.kernels_hc import aten_launches
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.kernels.hc import aten_launches
     drafter = D.load_drafter(DEFAULT_MODEL, dspark.load_target(DEFAULT_MODEL, device="cpu"))
     assert len(drafter.mtp) == 2 and len({st.attn.kind for st in drafter.mtp}) == 1
     n = drafter.cfg.sliding_window + drafter.block_size

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine import LLM
-from dspark.sampling import SamplingParams
+from dspark.engine.core import LLM
+from dspark.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
@@ -168,7 +168,7 @@ def test_bad_input_is_refused_before_any_work(llm, prompt, kwargs, match):
 
 
 def test_profile_line_medium_matches_formula():
-    from dspark.kv_cache import plan_cache, profile_line
+    from dspark.cache.kv_cache import plan_cache, profile_line
     med = dspark.preset("medium")
     line = profile_line(med, plan_cache(med, 2**30, 128, 16, 2048, 0, torch.bfloat16), 65536)
     assert "1640 B/token" in line and "KV tokens" in line and "max concurrency" in line
@@ -189,7 +189,7 @@ def test_chat_uses_the_template(llm):
 
 
 def test_abort_frees_blocks(tiny_ckpt):
-    from dspark.scheduler import Request
+    from dspark.engine.scheduler import Request
     eng = LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20)
     s, kv = eng.scheduler, eng.scheduler.kv
     free0 = kv.comp.num_free
@@ -213,7 +213,7 @@ def test_a_step_may_hold_more_tokens_than_one_sequence_may(tmp_path):
 
 def test_request_span_is_a_slice_of_the_whole_sequence():
     "`Request.span(a, b)` equals `(prompt + output + drafts)[a:b]` for every range, without building the sequence."
-    from dspark.scheduler import Request
+    from dspark.engine.scheduler import Request
     r = Request("r", [1, 2, 3, 4], SamplingParams(), 0, output_ids=[5, 6], drafts=[7, 8, 9])
     whole = r.prompt_ids + r.output_ids + r.drafts
     for a in range(len(whole) + 1):

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine import greedy_verify
-from dspark.fused_round import RoundGraphs, greedy_accept
-from dspark.graphs import GraphRunner
-from dspark.kv_cache import SeqView
-from dspark.sampling import SamplingParams
+from dspark.engine.core import greedy_verify
+from dspark.runtime.fused_round import RoundGraphs, greedy_accept
+from dspark.runtime.graphs import GraphRunner
+from dspark.cache.kv_cache import SeqView
+from dspark.sample.sampling import SamplingParams
 from test_graph_context import emulate_graphs
 
 
@@ -55,9 +55,9 @@ def emulate_rounds(llm) -> RoundGraphs:
 @pytest.fixture
 def reference_kernels(monkeypatch):
     "The attention kernels' torch references (as in test_graph_context): the round's plumbing is under test."
-    import dspark.graphs as G
-    from dspark.kernels_attention import indexer_topk_ref, sparse_attention_ref
-    from dspark.kernels_fused import qkv_rope_insert_ref
+    import dspark.runtime.graphs as G
+    from dspark.kernels.attention import indexer_topk_ref, sparse_attention_ref
+    from dspark.kernels.fused import qkv_rope_insert_ref
     def rope_insert_(q, *a, **k):
         out = qkv_rope_insert_ref(q, *a, **k); q.copy_(out[0]); return out
     monkeypatch.setattr(G, "sparse_attention", sparse_attention_ref)
@@ -68,8 +68,8 @@ def reference_kernels(monkeypatch):
 def test_fused_rounds_match_the_eager_engine(reference_kernels):
     """The trained default model, whose drafter gets drafts accepted: rounds end with none, some and all accepted.
     γ = 3 of the drafter's 5: a round's drafts are cut to the engine's depth (and to what max_tokens leaves)."""
-    from dspark.capacity_control import sweep_prompts
-    from dspark.checkpoint import DEFAULT_MODEL
+    from dspark.spec.controller import sweep_prompts
+    from dspark.model.checkpoint import DEFAULT_MODEL
     prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 3, 40), (40, 23, 31))]   # held-out Python source
     sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (22, 9, 17)]   # rooms shrink at the end
     outs, stats, drafts = [], [], []
@@ -125,7 +125,7 @@ def random_rounds(trials: int, seed: int = 3):
     where `fill(starts, ids)` lays the same requests out again at `starts` (as the host would) and returns the rows.
     Buckets 1-8, widths 1-6, blocks of 4-16 (so new positions cross block boundaries), rows per request from 1 to the
     width, acceptance from none to all, resumed prefixes' `pooled_upto` on some."""
-    from dspark.graphs import StepBuffers, fill_layout
+    from dspark.runtime.graphs import StepBuffers, fill_layout
     g = torch.Generator().manual_seed(seed)
     rnd = lambda hi, n: torch.randint(0, hi, (n,), generator=g).tolist()
     for trial in range(trials):
@@ -148,7 +148,7 @@ def random_rounds(trials: int, seed: int = 3):
 def test_advance_layout_is_what_fill_layout_writes_at_the_new_positions():
     """The next round laid out on the device (chapter 28's `advance_layout`) against the host's `fill_layout` of the
     same requests at their new anchors, with the same row counts (`random_rounds`); padding rows stay padding."""
-    from dspark.fused_round import advance_layout
+    from dspark.runtime.fused_round import advance_layout
     crossed = 0
     for buf, fill, n, starts, lens, accepted, following in random_rounds(60):
         advance_layout(buf, accepted, following, n)

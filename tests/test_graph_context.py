@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.graphs import GraphRunner, forward_static
-from dspark.sampling import SamplingParams
+from dspark.runtime.graphs import GraphRunner, forward_static
+from dspark.sample.sampling import SamplingParams
 
 
 class EagerReplay:
@@ -40,9 +40,9 @@ def emulate_graphs(llm, max_num_seqs: int, ragged_tokens: int = 0) -> GraphRunne
 
 def use_references(monkeypatch) -> None:
     "The kernels' torch references inside the emulated graphs: the plumbing is under test, not Triton."
-    import dspark.graphs as G
-    from dspark.kernels_attention import indexer_topk_ref, sparse_attention_ref
-    from dspark.kernels_fused import qkv_rope_insert_ref
+    import dspark.runtime.graphs as G
+    from dspark.kernels.attention import indexer_topk_ref, sparse_attention_ref
+    from dspark.kernels.fused import qkv_rope_insert_ref
     def rope_insert_(q, *a, **k):                       # the kernel's contract: Q (and the K=V rows) rewritten in place
         out = qkv_rope_insert_ref(q, *a, **k); q.copy_(out[0])
         kv = a[3] if len(a) > 3 else k.get("kv")
@@ -146,7 +146,7 @@ def test_resumed_prefixes_match_the_reference(tiny_ckpt, how, monkeypatch):
     the compressor rings, while their entries and window rows stay in the (shared) cached blocks. The ragged
     graphs (emulated) and the eager batched Triton forward run these steps with `compress_chunks_` and a per-token
     floor; tokens must equal the reference forward's, and the cached blocks must keep their bytes."""
-    from dspark.scheduler import block_hash
+    from dspark.engine.scheduler import block_hash
     if how == "graphs": use_references(monkeypatch)
     g = torch.Generator().manual_seed(7)
     base = torch.randint(2, 512, (130,), generator=g).tolist()              # two full 64-token blocks to hit

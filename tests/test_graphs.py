@@ -1,13 +1,13 @@
 """CUDA-graph step plumbing that a CPU can check: bucket sizes, which steps a graph may replay (and that the rest
 fall back to the eager forward with identical results), the engine and server switches. The fixed-shape step
-itself is checked against the reference in nbs/26_cuda_graphs; capture and replay need a GPU (.devrun GPU runs,
+itself is checked against the reference in nbs/22_cuda_graphs; capture and replay need a GPU (.devrun GPU runs,
 recorded in nbs/bench_results/graphs_gpu.json)."""
 import pytest
 import torch
 
 import dspark
-from dspark.graphs import GraphRunner, bucket_sizes
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+from dspark.runtime.graphs import GraphRunner, bucket_sizes
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
 
 
 def test_bucket_sizes_cover_every_count_with_bounded_padding():
@@ -64,7 +64,7 @@ def test_engine_and_server_switches(tiny_ckpt):
     assert llm.graphs is None                                                   # CPU: nothing to capture
     assert llm._use_graphs("cuda", "auto", False, False) and not llm._use_graphs("cuda", "auto", False, True)
     assert not llm._use_graphs("cuda", "reference", False, False) and not llm._use_graphs("cuda", "auto", True, False)
-    from dspark.serve import parse_args
+    from dspark.entrypoints.serve import parse_args
     assert parse_args(["--model", str(tiny_ckpt), "--enforce-eager"]).enforce_eager
 
 
@@ -73,7 +73,7 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
     step three times: laid out, again unchanged (the block tables are not resent), then with a block of a window
     table changed in place (they are)."""
     import random
-    from dspark.graphs import StepBuffers, fill_buffers
+    from dspark.runtime.graphs import StepBuffers, fill_buffers
     rng = random.Random(0)
 
     def check(buf, seqs, chunks, n, bs):
@@ -120,9 +120,9 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
 def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
     # the fast path stacks each layer's x-reading projections (wq_a, wkv, the compressors', the indexer weights):
     # a decode step through forward_static gives the same logits before and after, the weights are views
-    from dspark.graphs import fill_buffers, x_linears
-    from dspark.layers import STACK, stack_linears
-    from dspark.kernels_hc import aten_launches
+    from dspark.runtime.graphs import fill_buffers, x_linears
+    from dspark.model.layers import STACK, stack_linears
+    from dspark.kernels.hc import aten_launches
     m = dspark.load_target(tiny_ckpt, device="cuda" if torch.cuda.is_available() else "cpu")
     for mod in m.modules():                          # 2 of the 18 entries: the indexer's scores decide which
         if hasattr(mod, "cfg"): mod.cfg.index_topk = 2

@@ -1,4 +1,4 @@
-"""Triton kernels (nbs/19_kernels_attention, nbs/20_kernels_fused) against their torch references.
+"""Triton kernels (nbs/12_kernels_attention, nbs/13_kernels_fused) against their torch references.
 
 On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before
 anything imports triton; dspark.kernels_* would set it too), at small shapes; on a GPU machine they run compiled.
@@ -15,13 +15,13 @@ import pytest
 
 pytest.importorskip("triton")
 
-import dspark.kernels_attention as ka
-from dspark.kernels_attention import (batch_meta, indexer_scores, indexer_topk, indexer_topk_ref, sparse_attention,
+import dspark.kernels.attention as ka
+from dspark.kernels.attention import (batch_meta, indexer_scores, indexer_topk, indexer_topk_ref, sparse_attention,
                                       sparse_attention_ref)
-from dspark.kernels_fused import attend_batch, qkv_rope_insert_, qkv_rope_insert_ref
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, attend_cached, forward_cached
+from dspark.kernels.fused import attend_batch, qkv_rope_insert_, qkv_rope_insert_ref
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, attend_cached, forward_cached
 from dspark.config import preset
-from dspark.layers import rope_cos_sin, rope_inv_freq
+from dspark.model.layers import rope_cos_sin, rope_inv_freq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-5   # fp32 max abs error (observed ~1e-6)
@@ -201,7 +201,7 @@ def test_sparse_attention_reads_fp8_rows(mode):
 
 def test_indexer_reads_mxfp4_keys():
     "MXFP4 keys are decoded in the kernel: identical selections to the reference on torch-dequantised keys."
-    from dspark.quant import fake_quant_index
+    from dspark.model.quant import fake_quant_index
     meta, _, g = _batch([(37, 1), (50, 4), (0, 12), (70, 2)], pad=2, seed=1)
     cfg = preset("tiny")
     HI, di, r, K, N = 4, cfg.index_head_dim, 4, 8, len(meta.tok_pos)
@@ -213,7 +213,7 @@ def test_indexer_reads_mxfp4_keys():
     q, w = fake_quant_index(_rand(g, N, HI, di)), _rand(g, N, HI)
     idx = indexer_topk(q, w, keys, meta, r, di ** -0.5, K, key_scales=ksc)
     assert torch.equal(idx, indexer_topk_ref(q, w, keys, meta, r, di ** -0.5, K, key_scales=ksc))
-    from dspark.quant import dequantize_index_rows
+    from dspark.model.quant import dequantize_index_rows
     plain = indexer_scores(q, w, dequantize_index_rows(keys, ksc), meta, r, di ** -0.5)
     assert torch.equal(indexer_scores(q, w, keys, meta, r, di ** -0.5, key_scales=ksc), plain)   # exact decode
 

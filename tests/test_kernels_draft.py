@@ -1,4 +1,4 @@
-"""The draft step's Triton kernels (nbs/32_kernels_draft) against their torch references, and the drafter with them
+"""The draft step's Triton kernels (nbs/17_kernels_draft) against their torch references, and the drafter with them
 against the drafter without. On a machine without CUDA they run under Triton's interpreter at small shapes."""
 import os
 
@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("triton")
 
 import dspark
-from dspark.drafter import load_drafter
-from dspark.kernels_draft import (draft_block_attention, draft_block_attention_ref, markov_chunk, markov_greedy_ref,
+from dspark.model.drafter import load_drafter
+from dspark.kernels.draft import (draft_block_attention, draft_block_attention_ref, markov_chunk, markov_greedy_ref,
                                   markov_greedy_triton)
-from dspark.kernels_hc import aten_launches
+from dspark.kernels.hc import aten_launches
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -128,7 +128,7 @@ def test_drafter_with_the_kernels_drafts_as_without(tiny_ckpt):
 def test_check_passes_and_catches_a_wrong_kernel(tiny_ckpt, monkeypatch):
     """`draft_kernels_check` (what `graphs.fast_path` asks before switching the kernels on) passes them, and fails a
     Markov kernel whose drafts are one token off, an attention that is off by a scale, and one that raises."""
-    import dspark.kernels_draft as kd
+    import dspark.kernels.draft as kd
     drafter = load_drafter(tiny_ckpt, dspark.load_target(tiny_ckpt, device=DEV))
     assert kd.draft_kernels_check(drafter) is None
     good_markov, good_attn = kd.markov_greedy_triton, kd.draft_block_attention
@@ -149,8 +149,8 @@ def test_kernels_compile_for_hopper():
     vocabulary in fp32 without the confidence head. Step `k == 1` is its own specialisation (the JIT turns a 1 into a
     constant) and once failed to compile; a kernel given a non-power-of-two block must fail, so the check can."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from dspark.checkpoint import DEFAULT_MODEL
-    from dspark.kernels_draft import draft_kernels_check
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.kernels.draft import draft_kernels_check
     from kernel_compile import compile_all, record
     drafter = load_drafter(DEFAULT_MODEL, dspark.load_target(DEFAULT_MODEL, device="cpu", dtype="bfloat16"))
     sigs = []
@@ -169,8 +169,8 @@ def test_kernels_compile_for_hopper():
 @pytest.mark.parametrize("width", [6, 5, 2])
 def test_round_handover_kernel_equals_the_reference(width):
     "Accepted counts, anchors, positions and ring slots from the kernel and from `fused_round.round_handover`."
-    from dspark.fused_round import round_handover
-    from dspark.kernels_draft import round_handover_triton
+    from dspark.runtime.fused_round import round_handover
+    from dspark.kernels.draft import round_handover_triton
     g = torch.Generator().manual_seed(width)
     R, pad = 7, 3                                   # seven requests, three padding rows after them
     drafts = torch.randint(0, width, (R,), generator=g)
@@ -207,7 +207,7 @@ def test_round_handover_kernel_equals_the_reference(width):
 @pytest.mark.parametrize("w,size", [(6, 11), (64, 69), (5, 5)])
 def test_window_kernel_equals_the_rings_mask(w, size):
     "The context window's mask and completeness from the kernel and from `DraftContext.window`'s torch."
-    from dspark.kernels_draft import window_triton
+    from dspark.kernels.draft import window_triton
     rings = torch.full((5, size), -1, dtype=torch.long)
     for r, top in enumerate((3 * size // 2 + 1, 2 * size + 3, 2, size)):   # ring 4 stays empty (the scratch ring)
         held = torch.arange(max(0, top - size), top)
@@ -228,8 +228,8 @@ def test_window_kernel_equals_the_rings_mask(w, size):
 def test_the_draft_step_masks_its_window_in_one_launch(tiny_ckpt):
     """`DSparkProposer.draft_tensors` with the window kernel set (as `graphs.fast_path` sets it) launches it once and
     no torch mask, with gradients on as when the graphs capture it, and drafts as without it."""
-    from dspark.kernels_draft import window_triton
-    from dspark.speculative import DSparkProposer
+    from dspark.kernels.draft import window_triton
+    from dspark.spec.proposers import DSparkProposer
     target = dspark.load_target(tiny_ckpt, device=DEV)
     pr = DSparkProposer(load_drafter(tiny_ckpt, target), 2, DEV)
     pr.ctx.pos[0, :5] = torch.arange(5)
@@ -245,8 +245,8 @@ def test_the_draft_step_masks_its_window_in_one_launch(tiny_ckpt):
 
 def test_context_rows_with_the_fused_kernel(tiny_ckpt):
     "A step's drafter context rows, written into the rings by the fused norm + RoPE kernel, equal the torch path's."
-    from dspark.kernels_fused import qkv_rope_insert_
-    from dspark.speculative import DraftContext
+    from dspark.kernels.fused import qkv_rope_insert_
+    from dspark.spec.proposers import DraftContext
     target = dspark.load_target(tiny_ckpt, device=DEV)
     drafter = load_drafter(tiny_ckpt, target)
     cfg, gen = target.cfg, torch.Generator().manual_seed(3)
@@ -267,8 +267,8 @@ def test_context_rows_with_the_fused_kernel(tiny_ckpt):
 def test_advance_kernel_equals_the_reference():
     """The next round's layout from the kernel and from `fused_round.advance_layout`, on the random rounds of
     test_fused_round (which checks the reference against `fill_layout`), on the test's device."""
-    from dspark.fused_round import advance_layout
-    from dspark.kernels_draft import advance_layout_triton
+    from dspark.runtime.fused_round import advance_layout
+    from dspark.kernels.draft import advance_layout_triton
     from test_fused_round import random_rounds
     for buf, _, n, _, _, accepted, following in random_rounds(24, seed=5):
         for name in ("packed", "window_tables"): setattr(buf, name, getattr(buf, name).to(DEV))

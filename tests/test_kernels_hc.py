@@ -1,4 +1,4 @@
-"""Fused mHC kernels (nbs/25_kernels_hc) against the reference `layers.hc_pre`, `hc_post` and `hc_head`.
+"""Fused mHC kernels (nbs/14_kernels_hc) against the reference `layers.hc_pre`, `hc_post` and `hc_head`.
 
 On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before anything
 imports triton), at small shapes; on a GPU machine they run compiled.
@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dspark import layers
+from dspark.model.transformer import layers
 from dspark.config import preset
-from dspark.kernels_hc import SPLIT_MIX_ROWS, aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
+from dspark.kernels.hc import SPLIT_MIX_ROWS, aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CFG = preset("tiny")
@@ -121,8 +121,8 @@ def test_edges_and_errors():
 
 
 def test_drop_in_for_the_model(tiny_model):
-    # the fused functions swapped into dspark.model leave the tiny model's logits unchanged
-    from dspark import model as model_mod
+    # the fused functions swapped into dspark.model.transformer leave the tiny model's logits unchanged
+    from dspark.model.transformer import transformer as model_mod
     m = tiny_model if DEV == "cpu" else copy.deepcopy(tiny_model).to(DEV)
     ids = torch.randint(0, m.cfg.vocab_size, (1, 2), generator=torch.Generator().manual_seed(4)).to(DEV)
     swaps = {"hc_pre": hc_pre_fused, "hc_post": hc_post_fused, "hc_head": hc_head_fused}

@@ -1,4 +1,4 @@
-"""The small-MoE Triton kernels (nbs/33_kernels_moe) against `layers.dense_experts` and `layers.grouped_experts`. On a
+"""The small-MoE Triton kernels (nbs/18_kernels_moe) against `layers.dense_experts` and `layers.grouped_experts`. On a
 machine without CUDA they run under Triton's interpreter at small shapes."""
 import os
 
@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dspark.kernels_hc import aten_launches
-from dspark.kernels_moe import SMALL_MOE_PAIRS, small_moe_check, small_moe_triton
-from dspark.layers import StackedExperts, dense_experts, grouped_experts
+from dspark.kernels.hc import aten_launches
+from dspark.kernels.moe import SMALL_MOE_PAIRS, small_moe_check, small_moe_triton
+from dspark.model.layers import StackedExperts, dense_experts, grouped_experts
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -91,7 +91,7 @@ def test_bad_shapes_raise():
 
 def test_check_passes_and_catches_a_wrong_kernel(monkeypatch):
     "`small_moe_check` passes the kernel, fails one that is 1% off, and turns a compile error into its message."
-    import dspark.kernels_moe as km
+    import dspark.kernels.moe as km
     assert small_moe_check(DEV, torch.float32) is None
     assert small_moe_check(DEV, torch.bfloat16) is None
     good = km.small_moe_triton
@@ -124,7 +124,7 @@ def test_moe_layer_takes_the_kernel_for_small_steps():
     """A MoE layer given the kernel (as `graphs.fast_path` does on a GPU) runs its routed experts in the two launches
     for up to `small_pairs` pairs, equal to its own sync-free path, and leaves larger steps to that path."""
     from dspark.config import preset
-    from dspark.layers import MoE, set_moe_impl
+    from dspark.model.layers import MoE, set_moe_impl
     torch.manual_seed(0)
     cfg = preset("tiny", num_experts_per_tok=2)
     moe = MoE(cfg, layer_id=cfg.num_hidden_layers - 1).to(DEV)          # the last layer: routed by score, not hash
@@ -147,8 +147,8 @@ def test_small_moe_pairs_keeps_the_counts_where_the_kernel_wins():
     """`small_moe_pairs` times the kernel against the layer's own path at 1, 2, 4, … tokens and keeps the pair counts
     before the first loss (the timer stands in for the device's graphs; the calls are real)."""
     from dspark.config import preset
-    from dspark.kernels_moe import small_moe_pairs
-    from dspark.layers import MoE, set_moe_impl
+    from dspark.kernels.moe import small_moe_pairs
+    from dspark.model.layers import MoE, set_moe_impl
     cfg = preset("tiny", num_experts_per_tok=2)
     moe = MoE(cfg, layer_id=cfg.num_hidden_layers - 1).to(DEV)
     with torch.no_grad():

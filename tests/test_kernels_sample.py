@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import dspark
-import dspark.drafter as D
-from dspark.engine import LLM
-from dspark.kernels_sample import draw_keyed_triton, draw_splits, keyed_uniforms_triton
-from dspark.rejection import rejection_sample, verify_keyed
-from dspark.sampling import (STREAMS, RowParams, SamplingParams, draw_keyed, keyed_uniform, keyed_uniforms, philox4x32,
+import dspark.model.drafter as D
+from dspark.engine.core import LLM
+from dspark.kernels.sample import draw_keyed_triton, draw_splits, keyed_uniforms_triton
+from dspark.sample.rejection import rejection_sample, verify_keyed
+from dspark.sample.sampling import (STREAMS, RowParams, SamplingParams, draw_keyed, keyed_uniform, keyed_uniforms, philox4x32,
                              probs, process_logits, process_rows, row_probs, sample)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the kernels run compiled where they can
@@ -172,7 +172,7 @@ def test_seeded_dspark_sampling_independent_of_batch(tiny_ckpt):
 def test_draft_step_buffers_equal_the_eager_batched_proposer(tiny_ckpt):
     """The draft-step graphs' buffer layout, run eagerly (`capture=False`): mixed sampled and greedy requests get
     the same tokens as with the eager batched proposer, and padding rows write only the scratch slot's `q`."""
-    from dspark.graphs import DraftGraphs
+    from dspark.runtime.graphs import DraftGraphs
     kv = dict(max_num_seqs=6, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(2, 512, (int(torch.randint(4, 30, (1,), generator=g)),), generator=g).tolist() for _ in range(5)]

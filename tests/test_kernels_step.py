@@ -1,4 +1,4 @@
-"""Fused step kernels (nbs/27_kernels_step) against their torch references: chapter 26's `compress_tokens` +
+"""Fused step kernels (nbs/15_kernels_step) against their torch references: chapter 26's `compress_tokens` +
 `store_entries` for the compressor step, `RMSNorm` and `Gate`.
 
 On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before anything
@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dspark.attention import Compressor
+from dspark.model.attention import Compressor
 from dspark.config import preset
-from dspark.graphs import compress_tokens, store_entries
-from dspark.kernels_step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
-from dspark.kv_cache import ring_size
-from dspark.layers import Gate, RMSNorm, rope_inv_freq
+from dspark.runtime.graphs import compress_tokens, store_entries
+from dspark.kernels.step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
+from dspark.cache.kv_cache import ring_size
+from dspark.model.layers import Gate, RMSNorm, rope_inv_freq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -88,7 +88,7 @@ def test_compress_step_matches_reference(ratio, overlap):
 def test_compress_chunks_matches_per_request_reference(ratio, overlap):
     """Eager steps with chunks longer than the ring (prefill): `compress_chunks_` over the whole ragged step against
     the reference `_compress_chunk` request by request — entries and the rings each step leaves behind."""
-    from dspark.kv_cache import _compress_chunk
+    from dspark.cache.kv_cache import _compress_chunk
     cfg, comp, inv, R, W = _compressor(ratio, overlap, seed=1)
     dim, bs = 32, 16
     slots, C = 3, 8
@@ -173,7 +173,7 @@ def test_router_fused_matches_gate(kind, hashed):
 def test_swiglu_fused_matches_expert(weighted):
     """The shared expert's forward with the fused activation equals the reference, and so does the grouped path's
     activation on the two halves of one GEMM output."""
-    from dspark.layers import Expert, _swiglu
+    from dspark.model.layers import Expert, _swiglu
     torch.manual_seed(2)
     ex = Expert(32, 24, limit=1.5).to(DEV)
     x = torch.randn(7, 32, device=DEV) * 2

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dspark.config import preset
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached, kv_bytes_per_token
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached, kv_bytes_per_token
 
 N = 150
 
@@ -92,7 +92,7 @@ def test_prefix_resume_recomputes_the_overlap_window(tiny_model, ids, full, back
 
 
 def test_plan_cache_from_budget(tiny_model):
-    from dspark.kv_cache import plan_cache, block_bytes
+    from dspark.cache.kv_cache import plan_cache, block_bytes
     cc = plan_cache(tiny_model.cfg, 8 * 2**20, block_size=32, max_seqs=4, max_batched_tokens=128)
     comp_b, win_b = block_bytes(tiny_model.cfg, 32, torch.float32)
     assert cc.num_blocks * comp_b + cc.num_window_blocks * win_b <= 8 * 2**20 and cc.num_blocks > 10

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dspark import LLM, SamplingParams, preset
-from dspark.kv_cache import (CacheConfig, PagedKVCache, SeqView, cache_format, forward_cached, kv_bytes_per_token,
+from dspark.cache.kv_cache import (CacheConfig, PagedKVCache, SeqView, cache_format, forward_cached, kv_bytes_per_token,
                              plan_cache, profile_line, simulate_qat)
 
 N = 150
@@ -167,7 +167,7 @@ def test_fp8_draft_head_bound_and_lossless(tiny_ckpt):
 def test_fp8_draft_head_scaled_mm_on_the_gpu():
     """On an FP8 GPU the head is `torch._scaled_mm` with e4m3 activations: within the bound of both roundings (weight
     and activation, 2⁻⁴ of each product's size each) plus the bf16 output's, and it really takes that path."""
-    from dspark.drafter import RowwiseFP8Head
+    from dspark.model.drafter import RowwiseFP8Head
     g = torch.Generator().manual_seed(0)
     W = (torch.randn(4112, 256, generator=g) * 0.05).cuda().bfloat16()
     head = RowwiseFP8Head(W)
@@ -181,7 +181,7 @@ def test_fp8_draft_head_scaled_mm_on_the_gpu():
 
 
 def test_serve_flags(tiny_ckpt):
-    from dspark.serve import parse_args, resolve
+    from dspark.entrypoints.serve import parse_args, resolve
     a = parse_args(["--model", str(tiny_ckpt), "--device", "cpu"], env={"DSPARK_KV_CACHE_DTYPE": "fp8"})
     assert a.kv_cache_dtype == "fp8" and a.fp8_draft_head is False
     conf, plan = resolve(a)

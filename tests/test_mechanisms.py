@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import dspark.model
+import dspark.model.transformer
 from dspark.config import CSA, HCA, SLIDING
 
 T = 150  # longer than the window (64), several HCA entries (ratio 16), more CSA entries (37) than top-k (16)
@@ -77,7 +77,7 @@ def test_mhc_matters(tiny_model, ids, base, monkeypatch):
     def plain_pre(x, fn, b, s, cfg):  # uniform collapse, unit post, identity mixing: a plain residual per stream
         return x.mean(-2), x.new_ones(*x.shape[:-2], hc), torch.eye(hc).expand(*x.shape[:-2], hc, hc)
 
-    monkeypatch.setattr(dspark.model, "hc_pre", plain_pre)
+    monkeypatch.setattr(dspark.model.transformer, "hc_pre", plain_pre)
     assert _changed(base, tiny_model.logits(ids))
 
 

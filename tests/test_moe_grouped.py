@@ -1,4 +1,4 @@
-"""The sync-free MoE paths (dspark.layers: stack_experts, grouped_experts, dense_experts, set_moe_impl): they equal the
+"""The sync-free MoE paths (dspark.model.layers: stack_experts, grouped_experts, dense_experts, set_moe_impl): they equal the
 reference loop for top-k and hash routing, duplicate experts, one token and experts left without tokens, in fp32 and
 bf16; two expert-parallel shards sum to the whole; stacking shares storage and survives .to(), deepcopy, sharding and
 load_state_dict; the default and batch-invariant results stay bitwise those of the reference loop."""
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from dspark.config import preset
-from dspark.layers import MOE_IMPLS, MoE, batch_invariant, set_moe_impl, stack_experts
-from dspark.parallel import shard_moe
+from dspark.model.layers import MOE_IMPLS, MoE, batch_invariant, set_moe_impl, stack_experts
+from dspark.distributed.sharding import shard_moe
 
 CFG = preset("tiny")                                         # D=256, I=128, 8 experts, k=2; layers 0-2 hashed
 FAST = ("grouped", "dense")
@@ -201,9 +201,9 @@ def test_route_rounds_once_into_the_input_dtype(impl):
 
 
 def test_paired_shared_expert_is_one_gemm_with_the_same_output():
-    from dspark.kernels_hc import aten_launches
-    from dspark.kernels_step import swiglu_fused
-    from dspark.layers import STACK, stack_linears
+    from dspark.kernels.hc import aten_launches
+    from dspark.kernels.step import swiglu_fused
+    from dspark.model.layers import STACK, stack_linears
     dev = "cuda" if torch.cuda.is_available() else "cpu"     # the kernel: compiled, or Triton's CPU interpreter
     m = make_moe(3).to(dev)
     ex = m.shared_experts

@@ -7,12 +7,12 @@ import torch
 
 import dspark
 from dspark import LLM, SamplingParams
-from dspark.capacity_control import sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import next_ids
-from dspark.mtp import MTPRing, load_mtp
-from dspark.mtp_graphs import MTPGraphs
-from dspark.scheduler import Request
+from dspark.spec.controller import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import next_ids
+from dspark.model.mtp import MTPRing, load_mtp
+from dspark.runtime.mtp_graphs import MTPGraphs
+from dspark.engine.scheduler import Request
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
 

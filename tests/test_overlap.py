@@ -4,8 +4,8 @@ must be the synchronous engine's, and steps computed ahead must really be used."
 import pytest
 
 import dspark
-from dspark.overlap import DecodeAhead
-from dspark.sampling import SamplingParams
+from dspark.runtime.overlap import DecodeAhead
+from dspark.sample.sampling import SamplingParams
 from test_graph_context import emulate_graphs, use_references
 
 PROMPTS = [list(range(5, 21)), list(range(30, 37)), list(range(40, 71))]
@@ -99,7 +99,7 @@ def test_without_blocks_a_step_ahead_nothing_is_launched_that_would_be_dropped(t
 def test_engine_switch(tiny_ckpt):
     llm = dspark.LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20, overlap_decode=True)
     assert llm.runner.ahead is None                              # CPU: no graphs, nothing to overlap
-    from dspark.serve import parse_args
+    from dspark.entrypoints.serve import parse_args
     assert parse_args(["--model", str(tiny_ckpt)]).overlap_decode
     assert not parse_args(["--model", str(tiny_ckpt), "--no-overlap-decode"]).overlap_decode
 
@@ -109,10 +109,10 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     the host's bookkeeping of the last one changes no token, draft or acceptance count. Rooms shrink at the end
     (max_tokens), one request stops on a token mid-run, and a request arriving mid-run waits one round (the round
     launched ahead is taken, nothing more is launched while it waits) instead of dropping one."""
-    from dspark.capacity_control import sweep_prompts
-    from dspark.checkpoint import DEFAULT_MODEL
-    from dspark.graphs import DraftGraphs
-    from dspark.overlap import RoundAhead
+    from dspark.spec.controller import sweep_prompts
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.runtime.graphs import DraftGraphs
+    from dspark.runtime.overlap import RoundAhead
     from test_fused_round import emulate_rounds
     use_references(monkeypatch)
     prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 12))]
@@ -154,7 +154,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     # capacity control, active from 3 requests (the threshold policy: its cuts depend on the confidences alone) and
     # bypassed below: rounds are launched ahead only while it is bypassed, and the tokens, acceptance and what was
     # scheduled are the synchronous capacity engine's
-    from dspark.capacity_control import CapacityConfig
+    from dspark.spec.controller import CapacityConfig
     cap = lambda: CapacityConfig(policy="threshold", threshold=0.5, activation=3, sps=[(B, 1.0) for B in range(1, 64)])
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 9, 25)]
     sync = go(False, params, capacity=cap())
@@ -180,7 +180,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
 
 def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
     "`PlainSwitch` on synthetic rates: learns drafting, then plain, keeps the faster, probes, and needs the margin."
-    from dspark.capacity_control import PlainSwitch
+    from dspark.spec.controller import PlainSwitch
     sw = PlainSwitch(margin=0.05, probe_every=10, probe_len=2, wide=1.0)   # a 1.67x lead: not "wide" here
     rate = {False: 3.0, True: 5.0}                  # tokens per ms: plain decoding is faster at this load
     modes = []
@@ -202,7 +202,7 @@ def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
 def test_plain_switch_stops_probing_soon_when_one_mode_leads_widely():
     """A probe that confirms the preference by the `wide` lead (here drafting 1.67x plain) sets the interval to its
     maximum at once; within the margin but short of the wide lead (1.2x), it doubles as before."""
-    from dspark.capacity_control import PlainSwitch
+    from dspark.spec.controller import PlainSwitch
     for draft_rate, every in ((5.0, 512), (3.6, 256)):       # 1.2x: 64 -> 128 -> 256 after two probes
         sw = PlainSwitch(probe_every=64, probe_len=2, max_probe_every=512)
         for _ in range(300):
@@ -214,7 +214,7 @@ def test_plain_switch_stops_probing_soon_when_one_mode_leads_widely():
 def test_plain_switch_needs_samples_and_backs_off_its_probes():
     """One fast plain step does not make plain decoding preferred (a rate needs `min_samples` steps, averaged), and
     while probes keep confirming drafting they come half as often each time, down to `max_probe_every`."""
-    from dspark.capacity_control import PlainSwitch
+    from dspark.spec.controller import PlainSwitch
     sw = PlainSwitch(probe_every=8, probe_len=2, max_probe_every=64)
     plain_rates = iter([10.0] + [3.0] * 1000)             # the first plain step measured fast, the rest slow
     modes = []
@@ -232,10 +232,10 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
     """Capacity control's depth 0 (emulated graphs): scripted plain/draft decisions; plain steps run as overlapped
     decode steps (`DecodeAhead`, the graphs writing the drafter's context), drafting resumes with rounds, and the
     tokens, acceptance and every scheduled batch equal the synchronous engine's with the same decisions."""
-    from dspark.capacity_control import CapacityConfig, PlainSwitch
-    from dspark.checkpoint import DEFAULT_MODEL
-    from dspark.capacity_control import sweep_prompts
-    from dspark.overlap import DecodeAhead, RoundAhead
+    from dspark.spec.controller import CapacityConfig, PlainSwitch
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.spec.controller import sweep_prompts
+    from dspark.runtime.overlap import DecodeAhead, RoundAhead
     from test_fused_round import emulate_rounds
     use_references(monkeypatch)
     script = [False] * 3 + [True] * 8 + [False] * 6 + [True] * 5 + [False] * 100
@@ -281,8 +281,8 @@ def test_capacity_records_only_steps_that_keep_their_mode():
     that changes mode (a plain step that proposed drafts, a round that proposed none), whose cost is the switch's,
     and a step that admitted a request, whose cost is its prefill's."""
     from types import SimpleNamespace
-    from dspark.capacity import SPSCurve
-    from dspark.capacity_control import CapacityConfig, CapacityController
+    from dspark.spec.capacity import SPSCurve
+    from dspark.spec.controller import CapacityConfig, CapacityController
     cap = CapacityController(CapacityConfig(policy="scheduler", plain_switch=True), 5, SPSCurve([(1, 1.0), (96, 1.0)], capture_limit=96),
                              [1, 8, 96], 16)
     cap.activation = 1
@@ -310,7 +310,7 @@ def test_capacity_records_only_steps_that_keep_their_mode():
 def test_steady_load_drops_no_step(tiny_ckpt, monkeypatch):
     """A client keeping 3 of 7 requests in flight (the bench's `--waves`): every finish brings an arrival, which waits
     one step behind the step launched ahead instead of dropping it. The tokens are the synchronous engine's."""
-    from dspark.bench import _timed_batch
+    from dspark.tools.bench import _timed_batch
     use_references(monkeypatch)
     prompts = [list(range(5 + i, 17 + i)) for i in range(7)]
     params = greedy(*(9 + 4 * i for i in range(7)))

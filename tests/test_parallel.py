@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import dspark
-from dspark.parallel import TPDivergence
-from dspark.sampling import SamplingParams
-from dspark.tp_engine import TPError
+from dspark.distributed.sharding import TPDivergence
+from dspark.sample.sampling import SamplingParams
+from dspark.distributed.tp import TPError
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
 SP = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -55,7 +55,7 @@ def _perturb_logits(llm):
 def tp_dspark(ckd):
     """One TP=2 DSpark engine for the module (spawning is slow), with rank 1's logits perturbed from the start, and
     capacity control on from 2 requests (its SPS curve and each step's capacity vector are rank 0's too)."""
-    from dspark.capacity_control import CapacityConfig
+    from dspark.spec.controller import CapacityConfig
     cap = CapacityConfig(sps=[(t, 100.0 - t) for t in (1, 2, 4, 8, 16)], activation=2)   # verifying is nearly free
     llm = dspark.LLM(ckd, speculative="dspark", num_speculative_tokens=2, tensor_parallel_size=2, capacity=cap, **KV)
     llm.run_on_ranks(_perturb_logits)
@@ -121,7 +121,7 @@ def test_env_rendezvous_two_processes(ckd, ref_none):
     with socket.socket() as s:                                # a free port (torchrun would pick --master-port)
         s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     root = Path(dspark.__file__).parents[1]
-    cmd = [sys.executable, "-m", "dspark.tp_engine", "--model", str(ckd), "--tensor-parallel-size", "2",
+    cmd = [sys.executable, "-m", "dspark.distributed.tp", "--model", str(ckd), "--tensor-parallel-size", "2",
            "--prompt-ids", json.dumps(PROMPTS), "--max-tokens", str(SP.max_tokens), "--ignore-eos"]
     procs = []
     for rank in range(2):

@@ -36,7 +36,7 @@ def test_other_seeds_match_transformers(tmp_path):
 
 def test_checkpoint_is_non_trivial(tiny_ckpt):
     "The parity checkpoint exercises every parameter: no zero sinks, biases, position biases or mHC params."
-    from dspark.checkpoint import read_tensors
+    from dspark.model.checkpoint import read_tensors
     raw = read_tensors(tiny_ckpt)
     for k, t in raw.items():
         if t.is_floating_point():

@@ -4,9 +4,9 @@ truncation and acceptance accounting (reference dspark.md §4.2-4.3, §8.7, §8.
 import pytest
 import torch
 
-import dspark.rejection as rj
-from dspark.rejection import SpecStats, accepted_length, gumbel, rejection_sample, truncate_at_stop, verify
-from dspark.sampling import SamplingParams, probs, sample
+import dspark.sample.rejection as rj
+from dspark.sample.rejection import SpecStats, accepted_length, gumbel, rejection_sample, truncate_at_stop, verify
+from dspark.sample.sampling import SamplingParams, probs, sample
 
 N, V = 1_000_000, 8
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.sampling import SamplingParams, keyed_uniform, probs, process_logits, sample
+from dspark.sample.sampling import SamplingParams, keyed_uniform, probs, process_logits, sample
 
 
 def naive_kept(logits, temperature, top_k, top_p):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine import LLM
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
-from dspark.sampling import SamplingParams
+from dspark.engine.core import LLM
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+from dspark.sample.sampling import SamplingParams
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from dspark.checkpoint import BOS, EOS, save_tokenizer, tiny_corpus, train_tokenizer
+from dspark.model.checkpoint import BOS, EOS, save_tokenizer, tiny_corpus, train_tokenizer
 from dspark.tokenizer import REPLACEMENT, IncrementalDetokenizer, Tokenizer
 
 TEXTS = ["Crème brûlée, naïve café, Müller über Öl.", "中文分词很有意思，中文字符是三个字节。",

@@ -1,4 +1,4 @@
-"""Training code (dspark.train): train/inference parity of the drafters, loss decreases, shipping layout,
+"""Training code (dspark.tools.train): train/inference parity of the drafters, loss decreases, shipping layout,
 and the model that ships inside the package."""
 import json
 from dataclasses import replace
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import dspark
-from dspark import train as T
-from dspark.checkpoint import train_tokenizer, tiny_corpus
-from dspark.drafter import load_drafter
-from dspark.model import Transformer
-from dspark.mtp import MTPDrafter, MTPRing
-from dspark.speculative import DraftContext
+from dspark.tools import train as T
+from dspark.model.checkpoint import train_tokenizer, tiny_corpus
+from dspark.model.drafter import load_drafter
+from dspark.model.transformer import Transformer
+from dspark.model.mtp import MTPDrafter, MTPRing
+from dspark.spec.proposers import DraftContext
 
 SMALL = dict(vocab_size=512, hidden_size=64, index_topk=4, moe_intermediate_size=32, sliding_window=16)
 
@@ -99,7 +99,7 @@ def tiny_trained():
     tgt.requires_grad_(False).eval()
     g = torch.Generator().manual_seed(0)
     data = [T.distill_batch(tgt, stream, 8, 24, 16, 0.0, g)]
-    d = T.init_weights(dspark.drafter.DSparkDrafter(cfg, tgt), seed=1)
+    d = T.init_weights(dspark.model.drafter.DSparkDrafter(cfg, tgt), seed=1)
     h_d = T.train_dspark(d, data, seqs=8, anchors=8, seed=0, steps=16, lr=3e-3, log_every=4)
     m = T.init_weights(MTPDrafter(T.mtp_config(cfg), tgt), seed=2)
     h_m = T.train_mtp(m, data, seqs=8, seed=0, steps=16, lr=3e-3, log_every=4)

@@ -5,8 +5,8 @@ outputs (the measurements) belong in the committed notebook and in the docs. The
 no Jupyter kernel, so this runner executes the notebook with plain `exec` (no IPython magics are used in
 our notebooks), and writes the captured output back into the flagged cells only:
 
-    python tools/run_notebook.py run nbs/03_model.ipynb --flag gpu --out OUT.ipynb    # on the GPU machine
-    python tools/run_notebook.py merge OUT.ipynb nbs/03_model.ipynb --flag gpu        # back here
+    python tools/run_notebook.py run nbs/06_model.ipynb --flag gpu --out OUT.ipynb    # on the GPU machine
+    python tools/run_notebook.py merge OUT.ipynb nbs/06_model.ipynb --flag gpu        # back here
 
 Cells whose source starts with `#| hide` (the `nbdev_export()` call) are not run. `merge` copies the
 outputs of the flagged cells into the same cells (matched by source) of another copy of the notebook.

@@ -23,7 +23,7 @@ import papermill
 
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS: dict[str, dict] = {  # notebook stem -> papermill parameters for a CPU run
-    "03_model": {"seq_len": 64},
+    "06_model": {"seq_len": 64},
 }
 
 

@@ -23,7 +23,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from serving import start_server  # noqa: E402
 
-from dspark.metrics import scrape  # noqa: E402
+from dspark.engine.metrics import scrape  # noqa: E402
 
 PROMPTS = ["Beautiful is better than ugly.", "Explicit is better than implicit.", "def fibonacci(n):",
            "import os\nimport sys\n", "Simple is better than complex. Complex is", "class Node:\n    def __init__(self"]

@@ -1,8 +1,8 @@
 "C1 A/B on the default model (bf16, graphs): no-spec and DSpark (fused rounds) alternated in one process, 7 repeats."
 import json, os, time, statistics, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]
 prompts = sweep_prompts(DEFAULT_MODEL, 7, 128)
 llms = {m: dspark.LLM(DEFAULT_MODEL, speculative=None if m == "none" else m, device="cuda", dtype="bfloat16",

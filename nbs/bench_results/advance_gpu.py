@@ -4,10 +4,10 @@ process, alternated: no-spec, DSpark with the advance (the default), DSpark with
 `REPEATS` runs (128 tokens after a 128-token prompt, prefill included, as the bench's C1 row), the rounds advanced,
 and the host's time in `RoundAhead.launch_next` (perf_counter). OUT=. python advance_gpu.py"""
 import collections, json, os, statistics, time, torch, dspark
-import dspark.overlap as OV
-from dspark.bench import _default_model_prompts, frozen_heap
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+import dspark.runtime.overlap as OV
+from dspark.tools.bench import _default_model_prompts, frozen_heap
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 
 OUT, REPEATS, PROMPTS = os.environ["OUT"], int(os.environ.get("REPEATS", 9)), int(os.environ.get("PROMPTS", 3))
 prompts = _default_model_prompts(DEFAULT_MODEL, PROMPTS, 128)

@@ -1,7 +1,7 @@
 "forward_batched (batched compressors) against forward_cached on the GPU: prefill chunks longer than the rings, then a mixed step."
 import copy, tempfile, torch, dspark
-from dspark.kernels_fused import forward_batched
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+from dspark.kernels.fused import forward_batched
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
 ck = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), seed=0)
 oracle = {}
 for dtype in ("float32", "bfloat16"):

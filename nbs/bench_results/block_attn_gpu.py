@@ -6,9 +6,9 @@ The looping kernel lost at every R (10.7 µs against the split kernel's 7.1 at o
 was not kept; without it the script times the split kernel's settings only.
 OUT=. python block_attn_gpu.py"""
 import json, os, statistics, torch, triton
-import dspark.kernels_draft as KD
-from dspark.kernels_hc import _launch
-from dspark.drafter import block_attention
+import dspark.kernels.draft as KD
+from dspark.kernels.hc import _launch
+from dspark.model.drafter import block_attention
 
 OUT = os.environ.get("OUT", ".")
 dev = "cuda"

@@ -5,10 +5,10 @@ pair of operations around them (the largest first), plus the first step (prefill
 OUT=. python c1_gaps.py"""
 import collections, json, os, time, torch
 from torch.profiler import profile, ProfilerActivity
-from dspark.bench import _default_model_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM, frozen_heap
+from dspark.sample.sampling import SamplingParams
 
 OUT = os.environ.get("OUT", ".")
 prompts = _default_model_prompts(DEFAULT_MODEL, 1, 128)

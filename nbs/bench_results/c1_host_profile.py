@@ -3,9 +3,9 @@ builds it): a cProfile of `REPEATS` generations (128 tokens after a 128-token pr
 with the time spent waiting for the device (event waits and reads that sync) counted apart, so host work per round
 = (profiled time − waits) / rounds. OUT=. [REPEATS=6] python c1_host_profile.py"""
 import cProfile, io, json, os, pstats, time, torch, dspark
-from dspark.bench import _default_model_prompts, frozen_heap
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts, frozen_heap
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 
 OUT, REPEATS = os.environ["OUT"], int(os.environ.get("REPEATS", 6))
 prompts = _default_model_prompts(DEFAULT_MODEL, 3, 128)

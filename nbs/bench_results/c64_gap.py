@@ -8,11 +8,11 @@ times). `dspark_late0` is the `dspark` engine with `draft_ahead` off (a request'
 round is laid out, as before chapter 31 launched that round behind the draft step). Greedy tokens of every DSpark
 cell are compared with the no-spec engine's. OUT=. [REPEATS=5] [CONC="64 1"] [BENCH_RUNS=1] [NAME=c64_gap] python c64_gap.py"""
 import json, os, statistics, time, torch
-from dspark.bench import _default_model_prompts, _timed_batch, decode_run, machine
-from dspark.capacity_control import _capacity_attached, sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts, _timed_batch, decode_run, machine
+from dspark.spec.controller import _capacity_attached, sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM, frozen_heap
+from dspark.sample.sampling import SamplingParams
 
 OUT, REPEATS = os.environ["OUT"], int(os.environ.get("REPEATS", 5))
 CONC = tuple(int(c) for c in os.environ.get("CONC", "64 1").split())

@@ -1,9 +1,9 @@
 "Per-step anatomy of the bench's C64 run (default model, bf16): why DSpark loses to no-spec there."
 import json, os, time, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
-from dspark.bench import decode_run
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
+from dspark.tools.bench import decode_run
 OUT = os.environ["OUT"]
 prompts = sweep_prompts(DEFAULT_MODEL, 64, 128)
 res = {}

@@ -5,8 +5,8 @@ capacity control with its plain switch detached. Per run: tok/s, engine steps, r
 and behind a draft step) and dropped, plain steps, and the host time spent inside the controller.
 OUT=. [C=64] [WAVES=4] [REPEATS=8] [TOKENS=128] [NAME=capacity_ab] python capacity_ab.py"""
 import collections, json, os, statistics, time, torch
-from dspark.capacity_control import _capacity_attached, _sweep_run
-from dspark.engine import frozen_heap
+from dspark.spec.controller import _capacity_attached, _sweep_run
+from dspark.engine.core import frozen_heap
 from steady_engine import steady_engine
 
 OUT = os.environ["OUT"]

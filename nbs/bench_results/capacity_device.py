@@ -6,10 +6,10 @@ each); three arms taking turns in a rotating order: fixed K (controller detached
 capacity with the host policy. Per run: tok/s, decisions by side, kept/proposed drafts, host time inside `apply`.
 OUT=. [C=64] [WAVES=4] [REPEATS=5] [TOKENS=128] [NAME=capacity_device] python capacity_device.py"""
 import collections, json, os, statistics, time, torch, dspark
-from dspark.capacity import DeviceAllocator, LaggedBudget, SPSCurve, batch_survival, scheduler_lengths, search_budget, threshold_lengths
-from dspark.capacity_control import CapacityConfig, _capacity_attached, _sweep_run, sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import frozen_heap
+from dspark.spec.capacity import DeviceAllocator, LaggedBudget, SPSCurve, batch_survival, scheduler_lengths, search_budget, threshold_lengths
+from dspark.spec.controller import CapacityConfig, _capacity_attached, _sweep_run, sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import frozen_heap
 
 OUT, t0 = os.environ["OUT"], time.time()
 C, WAVES, REPEATS, TOKENS = (int(os.environ.get(k, d)) for k, d in (("C", 64), ("WAVES", 4), ("REPEATS", 5), ("TOKENS", 128)))

@@ -9,10 +9,10 @@ pkg = os.path.abspath(os.environ.get("PKG_DIR", os.path.join(os.path.dirname(__f
 sys.path.insert(0, pkg)
 import torch, dspark
 assert dspark.__file__.startswith(pkg), dspark.__file__
-from dspark.capacity_control import _capacity_attached, _sweep_run, sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import _capacity_attached, _sweep_run, sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM
+from dspark.sample.sampling import SamplingParams
 
 OUT, DEV = os.environ["OUT"], os.environ.get("DEVICE", "cpu")
 CONC = [int(c) for c in os.environ.get("CONC", "16").split()]

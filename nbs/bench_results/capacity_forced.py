@@ -2,8 +2,8 @@
 C16 and C64, 256 tokens a request, three repeats alternating; per run, which graphs served the steps (fused rounds,
 token-count graphs, eager), the controller's counters, and a host profile of one forced C64 run. OUT=. python capacity_forced.py"""
 import cProfile, io, json, os, pstats, statistics, time, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import CapacityConfig, sweep_prompts, _capacity_attached, _sweep_run
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import CapacityConfig, sweep_prompts, _capacity_attached, _sweep_run
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
 prompts = sweep_prompts(DEFAULT_MODEL, 64, 128)
 llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", capacity=CapacityConfig(activation=2), device="cuda", dtype="bfloat16",

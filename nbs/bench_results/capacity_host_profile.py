@@ -4,8 +4,8 @@ trained default model, bf16, graphs): `WAVES x C` requests, at most C in flight,
 host's time per step, and a cProfile of the engine's steps (top functions by own time).
 OUT=. [C=64] [WAVES=4] [REPEATS=3] [TOKENS=128] [TOP=22] python capacity_host_profile.py"""
 import collections, cProfile, io, json, os, pstats, statistics, time, torch
-from dspark.capacity_control import _capacity_attached, _sweep_run
-from dspark.engine import frozen_heap
+from dspark.spec.controller import _capacity_attached, _sweep_run
+from dspark.engine.core import frozen_heap
 from steady_engine import steady_engine
 
 OUT = os.environ["OUT"]

@@ -4,8 +4,8 @@ paired ratio capacity ÷ fixed (runs made back to back share the machine's state
 WAVES=N runs a steady load instead of closed batches: N x C requests, at most C in flight.
 OUT=. [CONC="1 64"] [REPEATS=9] [TOKENS=256] [WAVES=1] [NAME=capacity_paired] python capacity_paired.py"""
 import json, os, statistics, time, torch
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import capacity_sweep
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import capacity_sweep
 OUT = os.environ["OUT"]
 t0 = time.time()
 CONC = tuple(int(c) for c in os.environ.get("CONC", "1 4 16 64").split())

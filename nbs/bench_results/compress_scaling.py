@@ -4,8 +4,8 @@ completing a window or none. OUT=. python compress_scaling.py"""
 import json, os, sys, torch
 sys.path.insert(0, os.path.dirname(__file__))
 from round_profile_lib import ev_time
-from dspark.kernels_step import compress_step_
-from dspark.kv_cache import ring_size
+from dspark.kernels.step import compress_step_
+from dspark.cache.kv_cache import ring_size
 res = {"gpu": torch.cuda.get_device_name(), "runs": []}
 dev = "cuda"
 for ratio, overlap, dim in ((4, True, 512), (4, True, 128), (128, False, 512)):

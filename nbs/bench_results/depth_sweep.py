@@ -4,10 +4,10 @@
 each depth's throughput over K = 5's. Also the SPS curve the K = 5 engine profiled at start-up.
 OUT=. [CONC="16 64"] [WAVES=4] [REPEATS=7] [TOKENS=128] [DEPTHS="5 4 3 2"] [NAME=depth_sweep] python depth_sweep.py"""
 import json, os, statistics, time, torch
-from dspark.capacity_control import _capacity_attached, _sweep_run, sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import _capacity_attached, _sweep_run, sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM, frozen_heap
+from dspark.sample.sampling import SamplingParams
 
 OUT, t0 = os.environ["OUT"], time.time()
 CONC = [int(c) for c in os.environ.get("CONC", "16 64").split()]
@@ -25,7 +25,7 @@ for K in [0] + DEPTHS:
     t = time.time(); engines[K] = build(K)
     engines[K].generate(prompts[:top], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     print("built", K, round(time.time() - t, 1), flush=True)
-from dspark.graphs import replay_ms
+from dspark.runtime.graphs import replay_ms
 anatomy = {}
 for K, e in engines.items():        # device ms of the captured steps at the top load, every row padding
     fwd = e.runner.forward

@@ -4,12 +4,12 @@ no-spec and of DSpark with the kernels on and off at 1 / 4 / 16 / 64 requests (1
 held-out prompts; 256 tokens too at one request), the order rotated per concurrency, greedy tokens compared.
 OUT=. python draft_kernels_gpu.py"""
 import json, os, torch, dspark
-import dspark.graphs as G
-from dspark.bench import _default_model_prompts, decode_run, machine
-from dspark.capacity_control import sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.kernels_draft import draft_kernels_check
-from dspark.sampling import SamplingParams
+import dspark.runtime.graphs as G
+from dspark.tools.bench import _default_model_prompts, decode_run, machine
+from dspark.spec.controller import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.kernels.draft import draft_kernels_check
+from dspark.sample.sampling import SamplingParams
 from round_profile_lib import ev_time, kernels
 
 OUT = os.environ["OUT"]

@@ -5,9 +5,9 @@ then the engine on the trained default model (C1, greedy DSpark, 128 tokens, 6 p
 Writes $OUT/fp8_head.json."""
 import json, os, statistics, time
 import torch, triton, dspark
-from dspark.capacity_control import sweep_prompts
-from dspark.drafter import RowwiseFP8Head
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import sweep_prompts
+from dspark.model.drafter import RowwiseFP8Head
+from dspark.sample.sampling import SamplingParams
 
 OUT = os.environ["OUT"]
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "head": [], "engine": {}}

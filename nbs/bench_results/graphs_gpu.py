@@ -1,9 +1,9 @@
 "CUDA graphs on the H200: correctness (graph vs eager), a sync-free decode loop, per-bucket step times."
 import json, os, sys, tempfile, time, traceback, statistics, torch, dspark
-from dspark.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
-from dspark.kernels_fused import forward_batched
-from dspark.graphs import GraphRunner, forward_static
-from dspark.sampling import SamplingParams
+from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
+from dspark.kernels.fused import forward_batched
+from dspark.runtime.graphs import GraphRunner, forward_static
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ.get("OUT", "/tmp"); res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 def section(name):
     def deco(f):
@@ -74,7 +74,7 @@ def _():
         runner = GraphRunner(model, cache, forward_batched, 4, 3, 12 * 64 - 8)
         v = lambda st: [SeqView(t, t, slot=i, start=s) for i, (t, s) in enumerate(zip(tables, st))]
         forward_batched(model, cache, pr, v([0] * 4))
-        from dspark.graphs import fill_buffers
+        from dspark.runtime.graphs import fill_buffers
         ch = [torch.randint(0, cfg.vocab_size, (n,), generator=g).cuda() for n in (4, 1, 3, 2)]
         import copy
         snap = [w.clone() for w in cache.window], {k: (a.clone(), b.clone()) for k, (a, b) in cache.rings.items()}, \
@@ -94,7 +94,7 @@ def _():
 @section("bucket_step_times_medium_bf16")
 def _():
     from dspark.config import preset
-    from dspark.checkpoint import make_tiny_checkpoint
+    from dspark.model.checkpoint import make_tiny_checkpoint
     ck = make_tiny_checkpoint(f"{tmp}/medium", preset="medium", seed=0, drafter=None)
     model = dspark.load_target(ck, device="cuda", dtype="bfloat16"); cfg = model.cfg
     nreq, K = 64, 5
@@ -107,7 +107,7 @@ def _():
     pr = [torch.randint(0, cfg.vocab_size, (ctx,), generator=g).cuda() for _ in range(nreq)]
     for a in range(0, nreq, 16): forward_batched(model, cache, pr[a:a + 16], v([0] * nreq)[a:a + 16])
     t0 = time.time(); runner = GraphRunner(model, cache, forward_batched, nreq, K, 8 * 128 - 8)
-    from dspark.graphs import fast_path
+    from dspark.runtime.graphs import fast_path
     out = {"capture": runner.summary()}
     def timeit(fn, n=30):
         for _ in range(3): fn()

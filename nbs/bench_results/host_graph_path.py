@@ -6,7 +6,7 @@ python host_graph_path.py [--profile]  (writes host_graph_path.json beside it)""
 import collections, cProfile, json, platform, pstats, statistics, sys, tempfile, time, torch, dspark
 from pathlib import Path
 from dspark import LLM, SamplingParams
-from dspark.graphs import GraphRunner
+from dspark.runtime.graphs import GraphRunner
 
 class NoGraph:
     "A replay that does nothing: the outputs it 'writes' were computed once, eagerly."

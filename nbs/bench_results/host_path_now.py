@@ -5,10 +5,10 @@ round: the span, and the replay call itself; a cProfile of the spans alone (top 
 requests under a steady load (`WAVES` x 64, the capacity sweep's client), a cProfile of whole engine steps, fixed K.
 OUT=. [WAVES=4] python host_path_now.py"""
 import cProfile, io, json, os, pstats, statistics, time, torch, dspark
-import dspark.fused_round as FR
-from dspark.bench import _default_model_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+import dspark.runtime.fused_round as FR
+from dspark.tools.bench import _default_model_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 
 OUT = os.environ["OUT"]
 res = {"gpu": torch.cuda.get_device_name()}
@@ -49,8 +49,8 @@ json.dump(res, open(f"{OUT}/host_path_now.json", "w"), indent=1)
 del llm; torch.cuda.empty_cache()
 
 # 64 requests, steady load, fixed K: whole steps under cProfile (the host bounds a step here)
-from dspark.capacity_control import _capacity_attached, _sweep_run
-from dspark.engine import frozen_heap
+from dspark.spec.controller import _capacity_attached, _sweep_run
+from dspark.engine.core import frozen_heap
 from steady_engine import steady_engine
 C, WAVES, REPEATS, TOKENS, prompts, llm = steady_engine(4)
 step0, sprof, steps = llm.step, cProfile.Profile(), []

@@ -1,9 +1,9 @@
 """Host time of C1 decoding (H200, bf16, graphs): cProfile over 256 greedy tokens on the default model (no-spec and
 DSpark) and 128 on the medium preset, after a warm-up; the functions with the most own time. OUT=. python host_profile.py"""
 import cProfile, io, json, os, pstats, tempfile, time, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name()}
 prompt = sweep_prompts(DEFAULT_MODEL, 1, 128)[0]
 medium = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)

@@ -2,10 +2,10 @@
 GPU (the embedded model, bf16, as `python -m dspark.bench` builds it): per call medians of the pieces (perf_counter
 wrappers), then a cProfile of `RoundAhead.launch_next` alone. OUT=. python host_round_profile.py"""
 import cProfile, collections, io, json, os, pstats, statistics, time, torch, dspark
-import dspark.fused_round as FR, dspark.overlap as OV, dspark.graphs as G, dspark.engine as E
-from dspark.bench import _default_model_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+import dspark.runtime.fused_round as FR, dspark.runtime.overlap as OV, dspark.runtime.graphs as G, dspark.engine.core as E
+from dspark.tools.bench import _default_model_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 
 OUT = os.environ["OUT"]
 T = collections.defaultdict(list)

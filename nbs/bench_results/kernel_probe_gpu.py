@@ -5,12 +5,12 @@ requests, the shipped kernel against variants of its two products (bf16 tensor-c
 warps); (3) the indexer's top-k of packed keys: torch.topk against a one-program-per-row bitonic sort.
 OUT=. python kernel_probe_gpu.py"""
 import json, os, torch, triton, triton.language as tl, dspark
-import dspark.kernels_draft as kd
+import dspark.kernels.draft as kd
 from round_profile_lib import graph_us
-from dspark.bench import machine
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.kernels_moe import small_moe_triton
-from dspark.layers import MoE, _routed_sync_free, stack_experts
+from dspark.tools.bench import machine
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.kernels.moe import small_moe_triton
+from dspark.model.layers import MoE, _routed_sync_free, stack_experts
 
 OUT = os.environ["OUT"]
 res = {"machine": machine()}
@@ -165,9 +165,9 @@ json.dump(res, open(f"{OUT}/kernel_probe_gpu.json", "w"), indent=1)
 # 4. C64 decode, 128 greedy tokens: no-spec, then DSpark with the engine's small-MoE bound tried up to 256 pairs
 # (the shipped search) and up to 2,048 (so a 64-request round's 768 pairs may take the kernel when it is faster)
 del llm; torch.cuda.empty_cache()
-import dspark.graphs as G
-from dspark.bench import _default_model_prompts, decode_run
-from dspark.kernels_moe import small_moe_pairs
+import dspark.runtime.graphs as G
+from dspark.tools.bench import _default_model_prompts, decode_run
+from dspark.kernels.moe import small_moe_pairs
 prompts = _default_model_prompts(DEFAULT_MODEL, 64, 128)
 res["c64"] = []
 for mode, most in (("none", 256), ("dspark", 256), ("dspark", 2048), ("none", 256), ("dspark", 2048), ("dspark", 256)):

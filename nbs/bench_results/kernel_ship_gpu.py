@@ -5,11 +5,11 @@ same inputs in fp32 (the ieee path the bf16 ones took before); (2) the indexer t
 the per-token sort against torch.topk plus masking (`SORT_TOPK_COLS = 0`), with the indices compared.
 OUT=. python kernel_ship_gpu.py"""
 import json, os, torch
-import dspark.kernels_attention as ka
-import dspark.kernels_draft as kd
+import dspark.kernels.attention as ka
+import dspark.kernels.draft as kd
 from round_profile_lib import graph_us
-from dspark.bench import machine
-from dspark.kernels_attention import SeqView, batch_meta
+from dspark.tools.bench import machine
+from dspark.kernels.attention import SeqView, batch_meta
 
 OUT = os.environ["OUT"]
 res = {"machine": machine(), "attention": [], "topk": []}

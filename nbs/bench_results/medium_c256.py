@@ -2,7 +2,7 @@
 generate (autocast), the bench's settings (128 greedy tokens after 128-token random prompts, seed 0). One run.
 OUT=. python medium_c256.py"""
 import json, os, tempfile, torch, dspark
-from dspark.bench import decode_run, hf_decode_run
+from dspark.tools.bench import decode_run, hf_decode_run
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 pool = torch.randint(2, 32768, (256, 128), generator=torch.Generator().manual_seed(0)).tolist()
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}

@@ -2,9 +2,9 @@
 C256 engine (bf16, graphs, 128-token prompts, 128 tokens each), timed by part with wall clocks (no extra syncs),
 then under cProfile and torch.profiler (CPU side). OUT=. python medium_c256_host.py"""
 import collections, cProfile, io, json, os, pstats, statistics, sys, tempfile, time, torch, dspark
-import dspark.graphs as G
-from dspark.sampling import SamplingParams
-from dspark.engine import frozen_heap
+import dspark.runtime.graphs as G
+from dspark.sample.sampling import SamplingParams
+from dspark.engine.core import frozen_heap
 R = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 pool = torch.randint(2, 32768, (R, 128), generator=torch.Generator().manual_seed(0)).tolist()

@@ -2,7 +2,7 @@
 256-, 64- and 1-token decode graphs, replayed on the layout of the last real step of a 256-request batch (256
 requests at ~140 positions each). OUT=. python medium_c256_profile.py"""
 import json, os, tempfile, torch, dspark
-from dspark.sampling import SamplingParams
+from dspark.sample.sampling import SamplingParams
 from round_profile_lib import ev_time, kernels
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 pool = torch.randint(2, 32768, (256, 128), generator=torch.Generator().manual_seed(0)).tolist()

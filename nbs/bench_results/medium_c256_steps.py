@@ -7,7 +7,7 @@ and that generate includes its one 32,768-token prefill step: they are not decod
 profiles (`decode_256`, `decode_64`) are."""
 import collections, json, os, sys, tempfile, time, torch, dspark
 sys.path.insert(0, os.path.dirname(__file__))
-from dspark.sampling import SamplingParams
+from dspark.sample.sampling import SamplingParams
 from round_profile_lib import ev_time, kernels
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 pool = torch.randint(2, 32768, (256, 128), generator=torch.Generator().manual_seed(0)).tolist()

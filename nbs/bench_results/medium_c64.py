@@ -2,7 +2,7 @@
 and transformers fp32, plus dspark fp32 at 16 requests for the greedy-token comparison with transformers; one run.
 OUT=. python medium_c64.py"""
 import json, os, tempfile, torch, dspark
-from dspark.bench import decode_run, hf_decode_run
+from dspark.tools.bench import decode_run, hf_decode_run
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 g = torch.Generator().manual_seed(0)
 pool = torch.randint(2, 32768, (64, 128), generator=g).tolist()

@@ -1,6 +1,6 @@
 "The medium preset's decode and transformers' baseline, printed as each piece finishes (the same prompts and functions as python -m dspark.bench --model medium --modes none --concurrency 1 16 --max-tokens 64 --hf-baseline 1 16). Run on a GPU: OUT=. python medium_fused.py"
 import json, os, tempfile, torch, dspark
-from dspark.bench import decode_run, hf_decode_run
+from dspark.tools.bench import decode_run, hf_decode_run
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 g = torch.Generator().manual_seed(0)
 pool = torch.randint(2, 32768, (16, 128), generator=g).tolist()

@@ -3,7 +3,7 @@ fp32 with CUDA graphs, transformers in fp32 (its bf16 run fails in 5.17: a float
 recorded below), 64 greedy tokens after 128-token random prompts, at concurrency 1 and 16 (and ours in fp32 at 1); one run, printed as
 each piece finishes. OUT=. python medium_hf.py"""
 import json, os, tempfile, torch, dspark
-from dspark.bench import decode_run, hf_decode_run
+from dspark.tools.bench import decode_run, hf_decode_run
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 g = torch.Generator().manual_seed(0)
 pool = torch.randint(2, 32768, (64, 128), generator=g).tolist()

@@ -5,10 +5,10 @@ the bench's --waves 4 decode runs (128 tokens after 128-token held-out prompts, 
 library has fewer files) for no-spec and DSpark at 16 and 64 in flight, order rotated; greedy tokens compared.
 OUT=. [CONC="16 64"] python mixed_steps_gpu.py"""
 import json, os
-import dspark.engine as E
-import dspark.scheduler as S
-from dspark.bench import _default_model_prompts, decode_run, machine
-from dspark.checkpoint import DEFAULT_MODEL
+import dspark.engine.core as E
+import dspark.engine.scheduler as S
+from dspark.tools.bench import _default_model_prompts, decode_run, machine
+from dspark.model.checkpoint import DEFAULT_MODEL
 OUT = os.environ["OUT"]
 room = S.Scheduler.prefill_room
 def trim(on: bool) -> None:

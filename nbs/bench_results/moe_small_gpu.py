@@ -3,9 +3,9 @@ in a CUDA graph and replayed (device ms per call), at the embedded model's sizes
 and at a V4-Flash-like layer (D 4096, I 2048, top-8 of 32 experts here, to bound memory), bf16. Tells where
 SMALL_MOE_PAIRS should sit. OUT=. python moe_small_gpu.py"""
 import json, os, torch
-from dspark.kernels_moe import small_moe_triton
-from dspark.layers import StackedExperts, grouped_experts
-from dspark.graphs import replay_ms
+from dspark.kernels.moe import small_moe_triton
+from dspark.model.layers import StackedExperts, grouped_experts
+from dspark.runtime.graphs import replay_ms
 OUT, res = os.environ["OUT"], {"gpu": torch.cuda.get_device_name(), "rows": []}
 g = torch.Generator(device="cuda").manual_seed(0)
 for name, D, I, E, k in (("embedded", 256, 96, 8, 2), ("v4_flash_like", 4096, 2048, 32, 8)):

@@ -4,9 +4,9 @@ MTP at 1, 16 and 64 requests (128 tokens after 128-token prompts). One run. OUT=
 As run, the held-out pool gave 23 prompts of 128 tokens, and this script does not wrap them as the bench does:
 its "64" pair ran at 23 requests (mtp_gpu.json records the concurrency that ran)."""
 import json, os, torch, dspark
-from dspark.bench import _default_model_prompts, decode_run
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts, decode_run
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 prompts = _default_model_prompts(DEFAULT_MODEL, 64, 128)
 sp = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)

@@ -4,8 +4,8 @@ innermost dspark frames; for the default model (no-spec decode, DSpark verify-6 
 preset. OUT=. python op_sources.py"""
 import collections, json, os, tempfile, traceback, torch, dspark
 from torch.utils._python_dispatch import TorchDispatchMode
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 SKIP = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view", "set_", "new_empty"}
 

@@ -3,7 +3,7 @@
 tok/s (median of 3 end-to-end runs), the synced step, steps computed ahead and used, and whether the tokens are
 identical. OUT=. python overlap_gpu.py"""
 import json, os, sys, tempfile, torch, dspark
-from dspark.bench import decode_run, machine
+from dspark.tools.bench import decode_run, machine
 path = dspark.make_tiny_checkpoint(tempfile.mkdtemp(), preset="medium", seed=0, drafter=None)
 pool = torch.randint(2, 32768, (256, 128), generator=torch.Generator().manual_seed(0)).tolist()
 res = {"machine": machine(), "runs": []}

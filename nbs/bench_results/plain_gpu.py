@@ -5,10 +5,10 @@ within each repeat on one engine per kind. WAVES=N: a steady load of N x C reque
 OUT=. [CONC="16 64"] [REPEATS=5] [WAVES=1] [NAME=plain_gpu] python plain_gpu.py"""
 import json, os, statistics, time
 import torch
-from dspark.capacity_control import PlainSwitch, _capacity_attached, _sweep_run, sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import PlainSwitch, _capacity_attached, _sweep_run, sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM, frozen_heap
+from dspark.sample.sampling import SamplingParams
 CONC = tuple(int(c) for c in os.environ.get("CONC", "16 64").split())
 REPEATS, TOKENS, K = int(os.environ.get("REPEATS", 5)), 128, 5
 WAVES = int(os.environ.get("WAVES", 1))

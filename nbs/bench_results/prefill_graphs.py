@@ -2,9 +2,9 @@
 DSpark on the default model, prompts longer than every ring; (B) the C1 A/B of no-spec vs DSpark with prefill graphs
 on and off, in one process. OUT=. python prefill_graphs.py"""
 import json, os, time, statistics, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": {}, "ab": {}}
 long = sweep_prompts(DEFAULT_MODEL, 6, 300)

@@ -1,8 +1,8 @@
 "Host-side op breakdown of one C1 prefill step (default model, none and DSpark): torch.profiler CPU self time and cProfile cumulative. OUT=. python prefill_ops.py"
 import time, json, os, io, cProfile, pstats, statistics, torch, dspark
 from torch.profiler import profile, ProfilerActivity
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
 print({k: v for k, v in os.environ.items() if "CUDA" in k or "TORCH" in k or "TRITON" in k})
 print(open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0], os.cpu_count())
 prompts = sweep_prompts(DEFAULT_MODEL, 8, 128)

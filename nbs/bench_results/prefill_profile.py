@@ -1,8 +1,8 @@
 "Where a C1 prefill step and a C1 decode step spend their time (default model, none and DSpark; medium, none). OUT=. python prefill_profile.py"
 import tempfile, time, json, os, io, cProfile, pstats, collections, statistics, torch, dspark
 from torch.profiler import profile, ProfilerActivity
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
 OUT = os.environ["OUT"]; res = {}
 def gpu(fn):
     torch.cuda.synchronize()

@@ -2,7 +2,7 @@
 import tempfile, time, json, os, io, cProfile, pstats, collections, torch, dspark
 import torch._dynamo
 from torch.profiler import profile, ProfilerActivity
-from dspark.graphs import forward_static
+from dspark.runtime.graphs import forward_static
 OUT = os.environ["OUT"]; res = {}
 def kernels(fn, reps=5):
     fn(); torch.cuda.synchronize()
@@ -28,8 +28,8 @@ if os.environ.get("MED", "1") == "1":
         print(n, json.dumps(res[f"medium_replay_{n}"])[:300], json.dumps(res[f"medium_eager_{n}"], indent=0)[:6000], flush=True)
     del llm; torch.cuda.empty_cache()
 if os.environ.get("DS", "1") == "1":
-    from dspark.checkpoint import DEFAULT_MODEL
-    from dspark.capacity_control import sweep_prompts
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.spec.controller import sweep_prompts
     prompts = sweep_prompts(DEFAULT_MODEL, 2, 128)
     for mode in ("none", "dspark"):
         llm = dspark.LLM(DEFAULT_MODEL, speculative=None if mode == "none" else mode, device="cuda", dtype="bfloat16",

@@ -2,8 +2,8 @@
 (no sync after it) and of the replay through to completion, for the no-spec decode graph and the DSpark round, C1.
 OUT=. python replay_host.py"""
 import json, os, statistics, time, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 for mode in (None, "dspark"):
     llm = dspark.LLM(DEFAULT_MODEL, speculative=mode, device="cuda", dtype="bfloat16", max_num_seqs=16, max_model_len=512,

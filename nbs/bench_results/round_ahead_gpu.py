@@ -2,8 +2,8 @@
 graphs, 128 greedy tokens after 128-token held-out prompts, K = 5): tokens identical, rounds launched ahead and
 used, tok/s. OUT=. python round_ahead_gpu.py"""
 import json, os
-from dspark.bench import _default_model_prompts, decode_run, machine
-from dspark.checkpoint import DEFAULT_MODEL
+from dspark.tools.bench import _default_model_prompts, decode_run, machine
+from dspark.model.checkpoint import DEFAULT_MODEL
 pool = _default_model_prompts(DEFAULT_MODEL, 16, 128)
 res = {"machine": machine(), "runs": [], "identical": {}}
 for c in (1, 16):

@@ -6,17 +6,17 @@ DSpark decode at one request, 128 greedy tokens, 3 runs each.
 The host's share of a round at one request: per round, how long the host waited for the verification (a wait means
 the GPU, not the host, was the bottleneck) and how long from reading it to having launched the next round (the
 path the draft step must cover). MICRO=1 adds the kernel microbenchmarks, against the first attention kernel in
-`old_kernels_draft.py`: `git show d764bb9:dspark/kernels_draft.py`, its relative imports made `dspark.` ones (the
+`old_kernels_draft.py`: `git show d764bb9:dspark/kernels/draft.py`, its relative imports made `dspark.` ones (the
 record `round_anatomy_gpu_before.json` ran that way). NAME names the JSON.
 OUT=. [MICRO=1] [NAME=round_anatomy_gpu] python round_anatomy_gpu.py"""
 import json, os, statistics, time, torch, dspark
-import dspark.fused_round as FR
-import dspark.kernels_draft as kd
+import dspark.runtime.fused_round as FR
+import dspark.kernels.draft as kd
 from torch.profiler import profile, ProfilerActivity
-from dspark.bench import _default_model_prompts, decode_run, machine
-from dspark.capacity_control import sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts, decode_run, machine
+from dspark.spec.controller import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 
 OUT, NAME = os.environ["OUT"], os.environ.get("NAME", "round_anatomy_gpu")
 res = {"machine": machine()}

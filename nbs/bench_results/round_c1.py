@@ -1,8 +1,8 @@
 "Fused DSpark rounds on the default model (bf16, graphs): replay times and C1 tok/s with and without rounds, one run."
 import time, json, os, io, cProfile, pstats, torch, dspark
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
 prompts = sweep_prompts(DEFAULT_MODEL, 4, 128)
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 def ev_time(fn, n=200):

@@ -3,9 +3,9 @@ no-spec decode graph (1 token), the verify graph (6 tokens), the greedy draft gr
 from torch.profiler over repeated replays; wall time per replay from CUDA events. OUT=. python round_profile.py"""
 import json, os, collections, torch, dspark
 from torch.profiler import profile, ProfilerActivity
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 prompt = sweep_prompts(DEFAULT_MODEL, 1, 128)
 from round_profile_lib import ev_time, kernels

@@ -3,11 +3,11 @@ one request (C=64: at 64): wall time per round, and within it the host's waits f
 launch of the next round, and the rest. OUT=. [C=1] [DETAIL=1] python round_timeline.py [label]"""
 import json, os, sys, time, statistics
 import torch
-from dspark.bench import _default_model_prompts, machine
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM
-from dspark.sampling import SamplingParams
-import dspark.fused_round as F, dspark.overlap as O
+from dspark.tools.bench import _default_model_prompts, machine
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM
+from dspark.sample.sampling import SamplingParams
+import dspark.runtime.fused_round as F, dspark.runtime.overlap as O
 
 acc = {}
 def timed(cls, name, key):
@@ -25,13 +25,13 @@ timed(O.RoundAhead, "launch_next", "launch_next")
 if hasattr(F.RoundGraphs, "_unpack"): timed(F.RoundGraphs, "_unpack", "drafts (incl. wait)")
 else: timed(F.RoundGraphs, "_fetch", "drafts (incl. wait)")
 if os.environ.get("DETAIL"):                    # the finer split of the host's round
-    import dspark.graphs as G, dspark.engine as E
+    import dspark.runtime.graphs as G, dspark.engine.core as E
     for cls, name in ((torch.cuda.CUDAGraph, "replay"), (G.HostStage, "send"), (G.HostStage, "wait"),
                       (E.ModelRunner, "settle"), (E.ModelRunner, "execute"), (E.ModelRunner, "_finish"),
                       (E.ModelRunner, "_verify_round"), (E.ModelRunner, "_propose_all"), (E.ModelRunner, "_adopt"),
                       (F.RoundGraphs, "snapshot"), (E.LLM, "_advance")):
         timed(cls, name, f"{cls.__name__}.{name}")
-    from dspark.scheduler import Scheduler
+    from dspark.engine.scheduler import Scheduler
     timed(Scheduler, "schedule", "Scheduler.schedule"); timed(Scheduler, "update", "Scheduler.update")
     fl = F.fill_layout
     def fill(*a, **k):

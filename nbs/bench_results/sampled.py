@@ -10,9 +10,9 @@ pkg, label = os.path.abspath(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, pkg)
 import torch, dspark
 assert dspark.__file__.startswith(pkg), dspark.__file__
-from dspark.capacity_control import sweep_prompts
-from dspark.checkpoint import make_tiny_checkpoint
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import sweep_prompts
+from dspark.model.checkpoint import make_tiny_checkpoint
+from dspark.sample.sampling import SamplingParams
 
 MODEL = os.path.abspath("dspark/models/default")
 OUT = os.environ["OUT"]

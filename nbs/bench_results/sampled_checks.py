@@ -3,7 +3,7 @@ vocabulary, and seeded sampled tokens with CUDA graphs against `enforce_eager=Tr
 MTP and DSpark. Writes $OUT/sampled_checks.json."""
 import json, os, tempfile
 import torch, dspark
-from dspark.sampling import SamplingParams, draw_keyed, keyed_uniforms
+from dspark.sample.sampling import SamplingParams, draw_keyed, keyed_uniforms
 
 OUT = os.environ["OUT"]
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}

@@ -2,8 +2,8 @@
 no-spec and DSpark, top entries by cumulative time, plus per-step wall time. Prints only."""
 import cProfile, io, os, pstats, sys, time
 import torch, dspark
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
 MODEL = os.path.abspath("dspark/models/default")
 prompts = sweep_prompts(MODEL, 4, 128)
 for mode in ("none", "dspark"):

@@ -4,10 +4,10 @@ not synced (the engine's own overlap stays on): each step's host wall time, the 
 before it, and which graphs it replayed. Steps fall in three classes: `admit` (some request prefilling), `full`
 (C requests decoding) and `tail` (fewer: the queue is empty). OUT=. [CONC=64] [WAVES=4] [TOKENS=128] [DEVICE=cuda] python steady_anatomy.py"""
 import itertools, json, os, time, torch
-from dspark.capacity_control import sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM, frozen_heap
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM, frozen_heap
+from dspark.sample.sampling import SamplingParams
 OUT, DEV = os.environ["OUT"], os.environ.get("DEVICE", "cuda")
 sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
 C, WAVES, TOKENS, PL, K = int(os.environ.get("CONC", 64)), int(os.environ.get("WAVES", 4)), int(os.environ.get("TOKENS", 128)), 128, 5

@@ -3,10 +3,10 @@ engine `capacity_sweep` builds, with capacity control attached, for `C` requests
 128-token prompts, warmed up with its largest batch so no shape compiles in a timed run. Settings from the
 environment: C (64), WAVES (4), REPEATS (the script's default), TOKENS (128)."""
 import os
-from dspark.capacity_control import sweep_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.engine import LLM
-from dspark.sampling import SamplingParams
+from dspark.spec.controller import sweep_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.engine.core import LLM
+from dspark.sample.sampling import SamplingParams
 
 def steady_engine(repeats: int):
     "`(C, WAVES, REPEATS, TOKENS, prompts, llm)`, the engine warmed up."

@@ -1,8 +1,8 @@
 "Per-step host wall times of a C1 no-spec run without a sync per step (the bench's engine settings, and max_num_seqs=16): where the 128 steps' time goes. OUT=. python step_outliers.py"
 import json, os, time, gc, statistics, torch, dspark
-from dspark.bench import _default_model_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {}
 prompts = _default_model_prompts(DEFAULT_MODEL, 1, 128)
 for tag, seqs, mml, spec in (("bench_none", 1, 264, None), ("seqs16_none", 16, 1024, None), ("bench_dspark", 1, 269, "dspark")):

@@ -1,10 +1,10 @@
 "Where a DSpark/none step's time goes at C1 and C16 on the default model (synchronised timers around the runner's parts)."
 import time, json, os, torch, dspark
 from collections import defaultdict
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.capacity_control import sweep_prompts
-from dspark.sampling import SamplingParams
-import dspark.engine as E
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.spec.controller import sweep_prompts
+from dspark.sample.sampling import SamplingParams
+import dspark.engine.core as E
 T = defaultdict(float)
 def timed(obj, name, key):
     f = getattr(obj, name)

@@ -1,8 +1,8 @@
 "TP=2 on two GPUs (NCCL): greedy identity with TP=1 for none/mtp/dspark (tiny fp32), logits, default model bf16 throughput, torchrun env://."
 import json, os, socket, subprocess, sys, tempfile, time, torch, dspark
 def main():
-    from dspark.checkpoint import DEFAULT_MODEL
-    from dspark.sampling import SamplingParams
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.sample.sampling import SamplingParams
     out = os.environ["OUT"]; res = {"gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], "torch": torch.__version__}
     KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=64 * 2**20, device="cuda")
     SP = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -25,7 +25,7 @@ def main():
                 r["max_logit_err"] = (llm.logits(x) - dspark.load_target(ck).logits(x)).abs().max().item()
             llm.close(); res[f"tiny_{m}"] = r; print(m, r, flush=True)
     # default model bf16: TP=1 vs TP=2 dspark, C1 and C16
-    from dspark.capacity_control import sweep_prompts
+    from dspark.spec.controller import sweep_prompts
     prompts = sweep_prompts(DEFAULT_MODEL, 16, 128)
     for tp in (1, 2):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=5, device="cuda", dtype="bfloat16", tensor_parallel_size=tp,
@@ -44,7 +44,7 @@ def main():
     # torchrun-style env:// with NCCL
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     ck = f"{tmp}/dspark"
-    cmd = [sys.executable, "-m", "dspark.tp_engine", "--model", ck, "--tensor-parallel-size", "2", "--device", "cuda",
+    cmd = [sys.executable, "-m", "dspark.distributed.tp", "--model", ck, "--tensor-parallel-size", "2", "--device", "cuda",
            "--prompt-ids", json.dumps(PROMPTS), "--max-tokens", "12", "--ignore-eos", "--speculative", "dspark"]
     ps = [subprocess.Popen(cmd, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                      "MASTER_PORT": str(port)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]

@@ -3,9 +3,9 @@ what it ran (graphed decode step, eager step, fused DSpark round, draft graph) w
 prefilling — why DSpark falls behind no-spec at C16 and C64 under a steady load when it is ahead in a closed batch.
 OUT=. [CONC="16 64"] [DEVICE=cuda] python waves_steps.py"""
 import itertools, json, os, time, torch, dspark
-from dspark.bench import _default_model_prompts
-from dspark.checkpoint import DEFAULT_MODEL
-from dspark.sampling import SamplingParams
+from dspark.tools.bench import _default_model_prompts
+from dspark.model.checkpoint import DEFAULT_MODEL
+from dspark.sample.sampling import SamplingParams
 OUT, DEV = os.environ["OUT"], os.environ.get("DEVICE", "cuda")
 sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
 res = {}
