@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dspark.model.transformer import layers
+from dspark.model import layers
 from dspark.config import preset
 from dspark.kernels.hc import SPLIT_MIX_ROWS, aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
 
@@ -122,7 +122,7 @@ def test_edges_and_errors():
 
 def test_drop_in_for_the_model(tiny_model):
     # the fused functions swapped into dspark.model.transformer leave the tiny model's logits unchanged
-    from dspark.model.transformer import transformer as model_mod
+    from dspark.model import transformer as model_mod
     m = tiny_model if DEV == "cpu" else copy.deepcopy(tiny_model).to(DEV)
     ids = torch.randint(0, m.cfg.vocab_size, (1, 2), generator=torch.Generator().manual_seed(4)).to(DEV)
     swaps = {"hc_pre": hc_pre_fused, "hc_post": hc_post_fused, "hc_head": hc_head_fused}

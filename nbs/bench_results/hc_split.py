@@ -2,7 +2,7 @@
 graph-replayed hc_pre_fused at the default model's and the medium preset's shapes, for 1..384 tokens and three
 slice widths; checks each against the reference. OUT=. python hc_split.py"""
 import json, os, torch
-from dspark.model.transformer import layers
+from dspark.model import layers
 from dspark.config import preset
 from dspark.kernels.hc import hc_pre_fused
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "rows": []}
