@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s ==\n' "$*"; }
 t0=$SECONDS
 
+step "the house rules of dspark/: no import cycles, no imports that run back up a floor, no private names across modules"
+python tools/check_layers.py
+
 step "notebooks and package in sync: nbdev-export must leave dspark/ unchanged"
 nbdev-export
 if [ -n "$(git status --porcelain -- dspark)" ]; then

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 # %% auto #0
-__all__ = ['STREAMS', 'PHILOX_M', 'PHILOX_W', 'SamplingParams', 'process_rows', 'process_logits', 'probs', 'RowParams',
+__all__ = ['STREAMS', 'PHILOX_M', 'PHILOX_W', 'FAST', 'SamplingParams', 'process_rows', 'process_logits', 'probs', 'RowParams',
            'row_probs', 'on_device', 'stream_key', 'philox4x32', 'bits_to_uniform', 'keyed_uniforms', 'keyed_uniform',
            'gumbel', 'draw_keyed', 'sample', 'draft_sample']
 
@@ -168,6 +169,11 @@ def bits_to_uniform(x: torch.Tensor) -> torch.Tensor:
     "A uint32 word to a float32 uniform in (0, 1): 23 random bits as an odd multiple of 2⁻²⁴ (exact in float32)."
     return ((x >> 9) * 2 + 1).to(torch.float32) * 2.0 ** -24
 
+FAST: dict[str, Callable] = {}
+"""Device twins of `keyed_uniforms` and `draw_keyed`, by name: `dspark.kernels.sample` puts its Triton kernels here
+when it is imported (the runtime floor imports it on CUDA). Each twin is bit-identical to the torch code below, so
+whether it is filled changes speed, never a token; and this floor never imports the kernels above it."""
+
 def keyed_uniforms(seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, n: int) -> torch.Tensor:
     """`[..., n]` float32 uniforms: element `i` of the stream of (seed, position, purpose) for each entry of the
     broadcast `seed` (int64), `position` and `stream`. Philox key = the seed's two 32-bit words; counter =
@@ -175,9 +181,8 @@ def keyed_uniforms(seed: torch.Tensor, position: torch.Tensor, stream: torch.Ten
     code here is its reference and the CPU path."""
     seed, position = torch.broadcast_tensors(seed.long(), position.long())
     stream = _per_row(stream, seed)
-    if seed.is_cuda:
-        from dspark.kernels.sample import keyed_uniforms_triton
-        return keyed_uniforms_triton(seed, position, stream, n)
+    if seed.is_cuda and (fast := FAST.get("keyed_uniforms")):
+        return fast(seed, position, stream, n)
     i = torch.arange(n, device=seed.device)
     x = philox4x32(i, (position & _M32)[..., None], stream[..., None], (position >> 32 & _M32)[..., None],
                    (seed & _M32)[..., None], (seed >> 32 & _M32)[..., None])[0]
@@ -202,9 +207,8 @@ def draw_keyed(w: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stre
     `w[i, v] / w[i].sum()`, its noise element `v` of the stream of (`seed[i]`, `position[i]`, `stream[i]`).
     Ties go to the lowest index. One Triton launch on CUDA (noise made in registers, never stored)."""
     stream = _per_row(stream, seed.expand(w.shape[0]))
-    if w.is_cuda:
-        from dspark.kernels.sample import draw_keyed_triton
-        return draw_keyed_triton(w, seed.long(), position.long(), stream)
+    if w.is_cuda and (fast := FAST.get("draw_keyed")):
+        return fast(w, seed.long(), position.long(), stream)
     g = gumbel(keyed_uniforms(seed, position, stream, w.shape[-1]))
     return (w.float().log() + g).argmax(-1)
 
