@@ -46,7 +46,7 @@ def start_server(args: list[str], log_dir: Path, env: dict | None = None, timeou
     port = free_port()
     log = Path(log_dir) / f"server-{port}.log"
     e = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"} | (env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "dspark.entrypoints.serve", "--host", "127.0.0.1", "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "dspark.serve", "--host", "127.0.0.1", "--port", str(port), *args],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=e, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()

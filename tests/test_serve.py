@@ -276,18 +276,18 @@ def test_sigterm_drains_running_requests(tiny_ckpt, tmp_path):
 
 def test_launcher_environment_and_dry_run(tiny_ckpt):
     env = {"DSPARK_NUM_SPECULATIVE_TOKENS": "2", "DSPARK_MAX_NUM_SEQS": "7", "DSPARK_API_KEY": "secret", "PATH": ""}
-    r = subprocess.run([sys.executable, "-m", "dspark.entrypoints.serve", "--model", str(tiny_ckpt), "--dry-run"],
+    r = subprocess.run([sys.executable, "-m", "dspark.serve", "--model", str(tiny_ckpt), "--dry-run"],
                        capture_output=True, text=True, env=env | {"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     conf = json.loads(r.stdout[r.stdout.index("{"): r.stdout.index("}") + 1])
     assert conf["num_speculative_tokens"] == 2 and conf["max_num_seqs"] == 7 and conf["speculative"] == "dspark"
     assert conf["api_key"] == "***" and "secret" not in r.stdout
     assert "KV cache:" in r.stdout and "max concurrency" in r.stdout and "weights on disk" in r.stdout
-    flag_wins = subprocess.run([sys.executable, "-m", "dspark.entrypoints.serve", "--model", str(tiny_ckpt), "--dry-run",
+    flag_wins = subprocess.run([sys.executable, "-m", "dspark.serve", "--model", str(tiny_ckpt), "--dry-run",
                                 "--num-speculative-tokens", "4"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert '"num_speculative_tokens": 4' in flag_wins.stdout
     for bad, msg in ((["--num-speculative-tokens", "9"], "num_speculative_tokens"), (["--speculative", "eagle"], "invalid choice"),
                      (["--model", "/nonexistent"], "config.json"), (["--tensor-parallel-size", "3"], "must divide")):
-        r = subprocess.run([sys.executable, "-m", "dspark.entrypoints.serve", "--model", str(tiny_ckpt), "--dry-run", *bad],
+        r = subprocess.run([sys.executable, "-m", "dspark.serve", "--model", str(tiny_ckpt), "--dry-run", *bad],
                            capture_output=True, text=True, env={"PATH": ""}, cwd=ROOT, timeout=120)
         assert r.returncode != 0 and msg in r.stderr + r.stdout
