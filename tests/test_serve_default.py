@@ -11,7 +11,7 @@ import subprocess
 import httpx
 import pytest
 
-from dspark.entrypoints.serve import DEFAULT_MODEL
+from dspark.model.checkpoint import DEFAULT_MODEL
 from serving import ROOT, start_server
 
 

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import __version__
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineDraining, EngineFull
-from ..model.checkpoint import DEFAULT_MODEL
+from ..engine.args import ENGINE_GROUPS, ArgGroup, EngineArgs, arg, capacity_config, parse_settings
 from ..engine.core import LLM, RequestDelta, frozen_heap
 from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
@@ -36,7 +36,7 @@ from ..sample.sampling import SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'merged', 'sse_events', 'ServerConfig', 'Gate', 'build_app', 'parse_args', 'capacity_config', 'resolve',
+__all__ = ['log', 'merged', 'sse_events', 'ServerConfig', 'Gate', 'build_app', 'ServerArgs', 'ServeArgs', 'parse_args', 'resolve',
            'build_llm', 'main']
 
 # %% ../../nbs/33_serve.ipynb #0fa44f4b
@@ -289,86 +289,36 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
     return app
 
 # %% ../../nbs/33_serve.ipynb #59164004
-def _flag(p: argparse.ArgumentParser, name: str, env: dict, **kw) -> None:
-    "Add `--name`, defaulting to `DSPARK_NAME` from the environment (strings are parsed like the command line)."
-    key = "DSPARK_" + name.upper().replace("-", "_")
-    if key in env:
-        if kw.get("action") in ("store_true", argparse.BooleanOptionalAction):
-            v = env[key].strip().lower()
-            if v not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
-                p.error(f"{key}={env[key]!r} is not a boolean (1/0, true/false, yes/no, on/off)")
-            kw["default"] = v in ("1", "true", "yes", "on")
-        else:
-            kw["default"] = env[key]
-    kw["help"] = kw.get("help", "") + f" [env {key}]"
-    p.add_argument("--" + name, **kw)
+@dataclass
+class ServerArgs(ArgGroup):
+    "The HTTP server in front of the engine."
+    served_model_name: str | None = arg(None, "model id clients send (default: the checkpoint directory's name)")
+    host: str = arg("127.0.0.1", "address to listen on")
+    port: int = arg(8000, "port to listen on", minimum=0)
+    api_key: str | None = arg(None, "require 'Authorization: Bearer KEY' on /v1/* routes")
+    max_waiting_requests: int = arg(256, "requests allowed to wait beyond max-num-seqs before 503s", minimum=1)
+    max_body_bytes: int = arg(4 * 2**20, "largest request body accepted (413 beyond)", minimum=1)
+    spec_log_interval: float = arg(10.0, "seconds between spec-decode summary log lines")
+    log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
+    dry_run: bool = arg(False, "print the resolved configuration and memory plan, then exit")
 
-def parse_args(argv: list[str] | None = None, env: dict | None = None) -> argparse.Namespace:
-    env = dict(os.environ if env is None else env)
-    p = argparse.ArgumentParser(prog="python -m dspark.serve", description="OpenAI-compatible DeepSeek-V4 server with DSpark speculative decoding")
-    f = lambda name, **kw: _flag(p, name, env, **kw)
-    f("model", default=str(DEFAULT_MODEL), help="checkpoint directory (official DeepSeek-V4 layout); default: the embedded model")
-    f("served-model-name", default=None, help="model id clients send (default: the checkpoint directory's name)")
-    f("host", default="127.0.0.1"); f("port", type=int, default=8000)
-    f("speculative", choices=["auto", "dspark", "mtp", "none"], default="auto", help="drafting mode")
-    f("num-speculative-tokens", type=int, default=None, help="drafts per round (default: the DSpark block size, or 1 for MTP)")
-    f("tensor-parallel-size", type=int, default=1)
-    f("device", default=None, help="cpu or cuda (default: cuda when available)")
-    f("dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto", help="auto: bfloat16 on GPU, float32 on CPU")
-    f("max-model-len", type=int, default=None); f("max-num-seqs", type=int, default=16)
-    f("max-num-batched-tokens", type=int, default=2048); f("block-size", type=int, default=None)
-    f("gpu-memory-utilization", type=float, default=0.9)
-    f("kv-cache-memory-bytes", type=int, default=None, help="KV-cache budget in bytes (overrides the utilisation rule)")
-    from dspark.cache.kv_cache import KV_CACHE_DTYPES
-    f("kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
-      help="auto: the model's dtype; fp8: FP8 rows + MXFP4 indexer keys, as the real checkpoints were trained")
-    f("fp8-draft-head", action="store_true", help="the DSpark drafter's vocabulary projection in rowwise FP8")
-    f("enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    f("attention-backend", choices=["auto", "reference", "triton"], default="auto",
-      help="auto: the batched Triton kernels on CUDA, the reference per-request path on CPU")
-    f("batch-invariant", action="store_true", help="reference forward in batch-invariant mode: a request's tokens never depend on the batch (slow)")
-    f("enforce-eager", action="store_true", help="no CUDA graphs: run every step eagerly (debugging, profiling)")
-    f("overlap-decode", action=argparse.BooleanOptionalAction, default=True,
-      help="queue each greedy graph decode step before reading the previous one's tokens (host work overlaps the GPU)")
-    f("seed", type=int, default=0)
-    f("api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
-    f("max-waiting-requests", type=int, default=256, help="requests allowed to wait beyond max-num-seqs before 503s")
-    f("max-body-bytes", type=int, default=4 * 2**20)
-    f("spec-log-interval", type=float, default=10.0, help="seconds between spec-decode summary log lines")
-    f("log-level", default="info", choices=["debug", "info", "warning", "error"])
-    f("dry-run", action="store_true", help="print the resolved configuration and memory plan, then exit")
-    f("capacity", choices=["off", "auto", "scheduler", "lagged", "threshold"], default="off",
-      help="capacity-aware verification policy (DSpark); 'auto': 'lagged' on CUDA graphs, else 'scheduler'")
-    f("capacity-threshold", type=float, default=0.5, help="survival threshold of the 'threshold' policy")
-    f("capacity-sps", default="auto", help="steps-per-second curve: 'auto' (profile at start-up) or a JSON file")
-    f("capacity-activation", type=int, default=None, help="requests per step at which capacity control starts (default: the curve's knee)")
-    f("dynamic-draft-depth", action=argparse.BooleanOptionalAction, default=True, help="load-aware physical draft depth")
-    f("online-sts", action=argparse.BooleanOptionalAction, default=True, help="calibrate the confidence head online")
-    f("plain-switch", action=argparse.BooleanOptionalAction, default=False,
-      help="above the knee, stop drafting (depth 0) while plain decoding commits more tokens per second (opt-in)")
-    a = p.parse_args(argv)
-    try: capacity_config(a)
+@dataclass
+class ServeArgs(EngineArgs, ServerArgs):
+    "Everything `python -m dspark.serve` takes: the engine's settings and the server's."
+    def __post_init__(self):
+        super().__post_init__()
+        if self.served_model_name is None: self.served_model_name = Path(self.model).name
+
+def parse_args(argv: list[str] | None = None, env: dict | None = None) -> ServeArgs:
+    "The server's settings from the command line and the `DSPARK_*` environment (`--help` lists them by group)."
+    p = argparse.ArgumentParser(prog="python -m dspark.serve",
+                                description="OpenAI-compatible DeepSeek-V4 server with DSpark speculative decoding")
+    given = parse_settings(p, (*ENGINE_GROUPS, ServerArgs), argv, dict(os.environ if env is None else env))
+    try: return ServeArgs(**given)
     except ValueError as e: p.error(str(e))
-    for name in ("port", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "max_waiting_requests", "max_body_bytes"):
-        if getattr(a, name) < (0 if name == "port" else 1): p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
-    if not 0 < a.gpu_memory_utilization <= 1: p.error(f"--gpu-memory-utilization must be in (0, 1], got {a.gpu_memory_utilization}")
-    if a.device is None:
-        import torch
-        a.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if a.dtype == "auto": a.dtype = "bfloat16" if a.device.startswith("cuda") else "float32"
-    if a.served_model_name is None: a.served_model_name = Path(a.model).name
-    return a
-
-# %% ../../nbs/33_serve.ipynb #791e1685
-def capacity_config(a: argparse.Namespace):
-    "The `CapacityConfig` the capacity flags describe, or None when `--capacity off`."
-    from dspark.spec.controller import CapacityConfig
-    if a.capacity == "off": return None
-    return CapacityConfig(policy=a.capacity, threshold=a.capacity_threshold, sps=a.capacity_sps, activation=a.capacity_activation,
-                          dynamic_depth=a.dynamic_draft_depth, online_sts=a.online_sts, plain_switch=a.plain_switch)
 
 # %% ../../nbs/33_serve.ipynb #4047bbf9
-def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
+def resolve(a: ServeArgs) -> tuple[dict, list[str]]:
     "The resolved configuration and the memory plan lines, from the checkpoint's config alone (no weights loaded)."
     from dspark.config import load_config
     from dspark.engine.core import default_block_size, speculative_depth
@@ -378,8 +328,7 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
     path = Path(a.model)
     if not (path / "config.json").is_file(): raise SystemExit(f"error: --model {path}: no config.json there")
     cfg = load_config(path / "config.json")
-    mode = a.speculative
-    if mode == "auto": mode = "dspark" if cfg.dspark_block_size is not None else "none"
+    mode = a.method(cfg)
     try:
         K = speculative_depth(cfg, None if mode == "none" else mode, a.num_speculative_tokens, path)
         check_tp_size(cfg, a.tensor_parallel_size)
@@ -410,19 +359,8 @@ def resolve(a: argparse.Namespace) -> tuple[dict, list[str]]:
         except ValueError as e: raise SystemExit(f"error: {e}") from None
     return conf, plan
 
-def build_llm(a: argparse.Namespace) -> LLM:
-    mode = a.speculative
-    if mode == "auto":
-        from dspark.config import load_config
-        mode = "dspark" if load_config(Path(a.model) / "config.json").dspark_block_size is not None else None
-    return LLM(a.model, speculative=None if mode == "none" else mode, num_speculative_tokens=a.num_speculative_tokens,
-               device=a.device, dtype=a.dtype, tensor_parallel_size=a.tensor_parallel_size, seed=a.seed,
-               max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-               block_size=a.block_size, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-               gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=a.enable_prefix_caching,
-               attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
-               capacity=capacity_config(a), kv_cache_dtype=a.kv_cache_dtype, fp8_draft_head=a.fp8_draft_head,
-               enforce_eager=a.enforce_eager, overlap_decode=a.overlap_decode)
+def build_llm(a: EngineArgs) -> LLM:
+    return LLM(**a.llm_kwargs())
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
@@ -430,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     conf, plan = resolve(a)
     if a.dry_run:
         print("dspark serve configuration:"); print(json.dumps(conf, indent=2))
+        print("speculative config:", json.dumps(a.speculative_config(conf["speculative"], conf["num_speculative_tokens"])))
         print("memory plan:"); print("\n".join("  " + line for line in plan))
         return 0
     import uvicorn
