@@ -121,7 +121,7 @@ def draw_keyed_triton(w: torch.Tensor, seed: torch.Tensor, position: torch.Tenso
     if S == 1: return idx[:, 0].long()
     return idx.gather(1, vals.argmax(1, keepdim=True))[:, 0].long()    # chunks in vocabulary order: first max wins
 
-# %% ../../nbs/16_kernels_sample.ipynb #6a4aa4fd
+# %% ../../nbs/16_kernels_sample.ipynb #a8bf95bc
 from ..sample.sampling import FAST
 
 FAST.update(keyed_uniforms=keyed_uniforms_triton, draw_keyed=draw_keyed_triton)
