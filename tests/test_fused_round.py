@@ -1,7 +1,7 @@
 """The fused DSpark round (chapter 28) on CPU: device-side greedy acceptance against the host's `greedy_verify`, when
 a step may run as a round, and an engine whose verify steps run as rounds (each round graph's "replay" reruns its
 recorded work eagerly, as in test_graph_context) producing the same tokens, acceptance and drafts as the eager
-engine. Capture and replay themselves run on the GPU (.devrun, bench_results/graphs_gpu.json)."""
+engine. Capture and replay themselves run on the GPU (.devrun, benchmarks/records/graphs_gpu.json)."""
 import pytest
 import torch
 

@@ -1,7 +1,7 @@
 """CUDA-graph step plumbing that a CPU can check: bucket sizes, which steps a graph may replay (and that the rest
 fall back to the eager forward with identical results), the engine and server switches. The fixed-shape step
 itself is checked against the reference in nbs/22_cuda_graphs; capture and replay need a GPU (.devrun GPU runs,
-recorded in nbs/bench_results/graphs_gpu.json)."""
+recorded in benchmarks/records/graphs_gpu.json)."""
 import pytest
 import torch
 

@@ -1,0 +1,54 @@
+"""Benchmark records (`dspark.tools.records`): the schema round trip, the loader's search from a subfolder, the
+error that names the paths tried, and the records the book and tests read being present in that schema."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dspark.tools.records import FIELDS, RECORDS, load_record, split_raw, write_record
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_round_trip_from_a_subfolder(tmp_path, monkeypatch):
+    (tmp_path / RECORDS).mkdir(parents=True); (tmp_path / "nbs").mkdir()
+    monkeypatch.chdir(tmp_path / "nbs")
+    p = write_record("x", [{"c": 1, "tok_s": 2.5}], "python x.py", {"repeats": 3}, machine={"gpu": "none"}, commit="abc")
+    assert p == (tmp_path / RECORDS / "x.json").resolve()
+    rec = load_record("x")
+    assert list(rec) == list(FIELDS)
+    assert rec["commit"] == "abc" and rec["rows"] == [{"c": 1, "tok_s": 2.5}] and rec["config"] == {"repeats": 3}
+    assert rec["date"].endswith("+00:00")
+
+
+def test_missing_record_names_the_paths_tried(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="tried") as e: load_record("no_such_record_anywhere")
+    assert str(tmp_path / RECORDS / "no_such_record_anywhere.json") in str(e.value)
+
+
+def test_commit_comes_from_the_checkout(tmp_path):
+    p = write_record(tmp_path / "y.json", {"a": 1}, None, None, machine={})
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert json.loads(p.read_text())["commit"] == head
+
+
+def test_split_raw():
+    assert split_raw({"gpu": "H200", "torch": "2.11", "C": 64, "runs": [1]}) == \
+        {"rows": [1], "config": {"C": 64}, "machine": {"gpu": "H200", "torch": "2.11"}}
+    assert split_raw([1, 2]) == {"rows": [1, 2], "config": None, "machine": None}
+
+
+def test_every_record_has_the_schema():
+    recs = sorted((ROOT / RECORDS).glob("*.json"))
+    assert len(recs) > 100
+    for p in recs:
+        rec = json.loads(p.read_text())
+        assert set(FIELDS) <= set(rec), p.name
+        assert rec["commit"] and len(rec["commit"]) == 40, p.name
+
+
+def test_records_the_tests_cite_exist():
+    rec = load_record("graphs_gpu")
+    assert rec["rows"]["llm_graph_vs_eager_tiny_fp32"]["dspark"]["identical"]
