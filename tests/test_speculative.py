@@ -60,6 +60,56 @@ def test_greedy_identity_mtp(ckm, K):
     assert _ids(spec.generate(prompts, sp, use_tqdm=False)) == ref and spec.spec_stats()["num_drafts"] > 0
 
 
+
+def test_one_page_round_matches_the_engine(ck7, greedy_ref):
+    "Repeating the plain-torch `dspark_round` with the real drafter emits the engine's greedy tokens (chapter 19's page)."
+    from dspark.model.drafter import load_drafter
+    from dspark.spec.proposers import dspark_proposer, dspark_round
+    prompts, sp, ref = greedy_ref
+    target = dspark.load_target(ck7); drafter = load_drafter(ck7, target)
+    propose, n = dspark_proposer(target, drafter, sp), sp.max_tokens
+    for prompt, want in list(zip(prompts, ref))[:2]:
+        seq = torch.tensor(prompt)
+        with torch.no_grad():
+            while len(seq) < len(prompt) + n:
+                seq = torch.cat([seq, dspark_round(lambda s: target.logits(s[None])[0], propose, seq, sp)])
+        assert seq[len(prompt):len(prompt) + n].tolist() == want
+
+
+def _toy_chains(V=4, K=3, seed=0):
+    "A Markov-chain target and a different Markov-chain drafter on a vocabulary of `V`, drafting `K` tokens."
+    g = torch.Generator().manual_seed(seed)
+    T_p, T_q = torch.randn(V, V, generator=g) * 1.5, torch.randn(V, V, generator=g) * 1.5
+    gq = torch.Generator().manual_seed(seed + 1)
+
+    def propose(tokens):
+        drafts, q, last = [], [], int(tokens[-1])
+        for _ in range(K):
+            qk = T_q[last].softmax(-1); last = int(torch.multinomial(qk, 1, generator=gq))
+            drafts.append(last); q.append(qk)
+        return torch.tensor(drafts), torch.stack(q)
+    return T_p, (lambda seq: T_p[seq]), propose
+
+
+def test_one_page_round_is_lossless():
+    "The first two tokens the round emits follow the target's joint law (chi-square), and greedy rounds emit its argmax."
+    from dspark.spec.proposers import dspark_round
+    T_p, logits_fn, propose = _toy_chains()
+    V, n, g = T_p.shape[0], 5000, torch.Generator().manual_seed(2)
+    counts = torch.zeros(V, V)
+    for _ in range(n):
+        seq = torch.tensor([0])
+        while len(seq) < 3: seq = torch.cat([seq, dspark_round(logits_fn, propose, seq, SamplingParams(temperature=1.0), g)])
+        counts[seq[1], seq[2]] += 1
+    P1 = T_p.softmax(-1)
+    expected = n * P1[0][:, None] * P1
+    assert float(((counts - expected) ** 2 / expected).sum()) < 37.7      # 15 degrees of freedom, p = 0.001
+    seq, greedy = torch.tensor([0]), SamplingParams(temperature=0.0)
+    while len(seq) < 20: seq = torch.cat([seq, dspark_round(logits_fn, propose, seq, greedy)])
+    want = [0]
+    for _ in range(len(seq) - 1): want.append(int(T_p[want[-1]].argmax()))
+    assert seq.tolist() == want
+
 class Oracle:
     "A proposer whose drafts are the target's own greedy continuation (one-hot q)."
     def __init__(self, seqs, V):

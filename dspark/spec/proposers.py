@@ -1,4 +1,4 @@
-"""How drafts flow through a step: the draft context ring fed with the target's hidden states of committed positions, verification of `[anchor, drafts…]` in the same ragged forward as everyone else's tokens, lossless acceptance, and the next proposal — with state that never remembers a rejected token.
+"""One DSpark round on one page — draft a block, verify it in one target forward, accept each draft with probability min(1, p/q), resample the first rejection from max(0, p − q), add a bonus token when all survive — and then how the engine runs that round for a whole batch: the draft context ring fed with the target's hidden states of committed positions, verification inside the step's ragged forward, and drafter state that never remembers a rejected token.
 
 Docs: https://dspark-dev.github.io/dspark/speculative.html.md"""
 
@@ -13,10 +13,46 @@ import torch
 
 from ..model.drafter import DSparkDrafter
 from ..model.mtp import MTPDrafter, MTPRing
-from ..sample.sampling import STREAMS, RowParams, draft_sample, draw_keyed, on_device, row_probs
+from ..model.transformer import Transformer
+from ..sample.sampling import STREAMS, RowParams, SamplingParams, draft_sample, draw_keyed, on_device, probs, row_probs
 
 # %% auto #0
-__all__ = ['DraftContext', 'Decided', 'decided', 'DSparkProposer', 'MTPProposer']
+__all__ = ['dspark_round', 'dspark_proposer', 'DraftContext', 'Decided', 'decided', 'DSparkProposer', 'MTPProposer']
+
+# %% ../../nbs/19_speculative.ipynb #aa4bd53b
+def dspark_round(logits_fn: Callable[[torch.Tensor], torch.Tensor],
+                 propose: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                 tokens: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One lossless speculative round. `tokens [T]` is the committed sequence, its last token the anchor `x₀`.
+    `propose(tokens)` returns drafts `x₁…x_K [K]` and the distributions `q [K, V]` they were drawn from;
+    `logits_fn(seq)` returns the target's logits `[len(seq), V]` (row `i` predicts token `i + 1`).
+    Returns the tokens this round commits: the accepted drafts and one more."""
+    drafts, q = propose(tokens)                                       # 1. draft: the block x₁…x_K and its q
+    K = len(drafts)
+    logits = logits_fn(torch.cat([tokens, drafts]))[-K - 1:]          # 2. verify: one forward, rows for x₀…x_K
+    p = probs(logits.float(), params)                                 #    p[i]: the target's law of the token after x_i
+    for i in range(K):
+        x = drafts[i]
+        u = torch.rand((), generator=generator)
+        if u * q[i, x] < p[i, x]: continue                            # 3. accept x_{i+1} with probability min(1, p/q)
+        r = (p[i] - q[i].float()).clamp_min(0)                        # 4. rejected: resample from max(0, p − q)
+        if r.sum() <= 0: r = p[i]                                     #    (no residual mass: a rounding artefact)
+        return torch.cat([drafts[:i], torch.multinomial(r, 1, generator=generator)])
+    return torch.cat([drafts, torch.multinomial(p[K], 1, generator=generator)])   # 5. all survived: bonus token
+
+def dspark_proposer(target: Transformer, drafter: DSparkDrafter, params: SamplingParams,
+                    seed: int = 0) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """`propose` for `dspark_round` from the real drafter, without a cache: the target's tapped hidden states of the
+    last `w` positions before the anchor are the drafter's context; one block forward and the Markov head draft."""
+    taps, w = tuple(drafter.cfg.dspark_target_layer_ids), drafter.cfg.sliding_window
+    def propose(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        P = len(tokens) - 1                                           # the anchor's position
+        feats = drafter.features(target(tokens[None, :P], taps=taps)[1])[0]
+        lo = max(0, P - w)
+        ctx = drafter.context_kv(feats[lo:], torch.arange(lo, P, device=feats.device))
+        drafts, q, _ = drafter.propose(int(tokens[-1]), P, ctx, params, seed)
+        return torch.tensor(drafts, device=tokens.device), q
+    return propose
 
 # %% ../../nbs/19_speculative.ipynb #8737c068
 class DraftContext:
