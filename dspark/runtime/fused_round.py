@@ -125,16 +125,7 @@ class RoundGraphs:
         "Warm up on a side stream, then capture one graph per request bucket into the runner's pool."
         from dspark.runtime.graphs import _free_bytes
         free0 = _free_bytes()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for R in self.sizes: self._pad_only(R); self.run(R)
-        torch.cuda.current_stream().wait_stream(side)
-        for R in sorted(self.sizes, reverse=True):
-            self._pad_only(R)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.g.pool): out = self.run(R)
-            self.graphs[R] = (graph, out)
+        self.graphs = capture_graphs(self.run, self.sizes, self.g.pool, prepare=self._pad_only)
         self.graph_bytes = free0 - _free_bytes()
 
     def _pad_only(self, R: int) -> None:

@@ -11,7 +11,6 @@ import functools
 import itertools
 import logging
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
@@ -33,6 +32,7 @@ from ..model.layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_
                      set_moe_impl, stack_linears, stacked_outputs)
 from ..model.quant import fake_quant_index, fake_quant_kv
 from ..sample.sampling import RowParams, _signed64
+from ..timing import capture_graphs, device_ms
 
 log = logging.getLogger("dspark")
 
@@ -40,8 +40,8 @@ log = logging.getLogger("dspark")
 __all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'tables_sent', 'fill_buffers', 'fill_layout',
            'compress_tokens', 'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections',
            'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
-           'fast_path', 'replay_ms', 'Rows', 'GraphRunner', 'capture_buckets', 'DraftGraphs', 'DraftStep',
-           'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+           'fast_path', 'Rows', 'GraphRunner', 'DraftGraphs', 'DraftStep', 'MemoryProfile', 'step_peak_bytes',
+           'profile_memory']
 
 # %% ../../nbs/22_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -442,16 +442,6 @@ def _free_bytes() -> int:
     torch.cuda.synchronize(); torch.cuda.empty_cache()
     return torch.cuda.mem_get_info()[0]
 
-def replay_ms(replay: Callable[[], None], reps: int = 5) -> float:
-    "Median device milliseconds of `replay()` (CUDA events, fresh per run; one warm-up run first)."
-    replay(); torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
 class Rows(Sequence):
     """Each request's rows of one step's flat output `[N, ...]`, as views made only when one is asked for. A
     greedy step reads the argmax of `flat` at once; making a view per request cost ~0.1 ms a step at 256."""
@@ -545,16 +535,9 @@ class GraphRunner:
         t0, free0 = time.perf_counter(), _free_bytes()
         self.pool = torch.cuda.graph_pool_handle()
         plan = [(n, True) for n in self.ragged_sizes] + [(n, False) for n in self.sizes]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):                      # compile the Triton kernels, warm the allocator
-            for n, ragged in plan: self._pad_only(n); self.run(n, ragged); self.run(n, ragged)
-        torch.cuda.current_stream().wait_stream(side)
-        for n, ragged in sorted(plan, reverse=True):
-            self._pad_only(n)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool): out = self.run(n, ragged)
-            (self.ragged if ragged else self.graphs)[n] = (g, out)
+        captured = capture_graphs(lambda key: self.run(*key), plan, self.pool, prepare=lambda key: self._pad_only(key[0]),
+                                  warmups=2)                # two warm-ups: compile the Triton kernels, warm the allocator
+        for (n, ragged), g in captured.items(): (self.ragged if ragged else self.graphs)[n] = g
         self.capture_s = time.perf_counter() - t0
         self.graph_bytes = free0 - _free_bytes() + self.logits.nbytes        # the shared logits: allocated before `free0`
 
@@ -562,7 +545,7 @@ class GraphRunner:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
         scratch sinks): what a verify step of `n` tokens costs, for capacity control's SPS curve."""
         self._pad_only(n)
-        return replay_ms(self.graphs[n][0].replay, reps)
+        return device_ms(self.graphs[n][0].replay, reps)
 
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
         "Whether a step fits a captured graph (see above)."
@@ -607,23 +590,6 @@ class GraphRunner:
         return Rows(out.logits[:N], bounds)
 
 # %% ../../nbs/22_cuda_graphs.ipynb #6112f064
-def capture_buckets(run: Callable[[int], object], sizes: list[int], capture: bool = True) -> dict:
-    """`{n: (graph, outputs)}`: one CUDA graph of `run(n)` per bucket `n`, after a warm-up on a side stream (which
-    compiles the kernels), captured largest first into one pool. `capture=False` gives `{n: (None, run)}`: the
-    caller runs the same step eagerly on the same buffers (CPU tests of a buffer layout)."""
-    if not capture: return {n: (None, run) for n in sizes}
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for n in sizes: run(n)
-    torch.cuda.current_stream().wait_stream(side)
-    pool, graphs = torch.cuda.graph_pool_handle(), {}
-    for n in sorted(sizes, reverse=True):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool): out = run(n)
-        graphs[n] = (g, out)
-    return graphs
-
 class DraftGraphs:
     """CUDA graphs of the DSpark draft step for the block size's drafts, one per request-count bucket: the greedy
     step (`DSparkProposer.draft_tensors`), and the sampled step (`draft_rows`) with and without top-k/top-p,
@@ -650,14 +616,14 @@ class DraftGraphs:
         return RowParams(self.temperature[:n], self.seed[:n], self.top_k[:n] if filtered else None,
                          self.top_p[:n] if filtered else None, greedy=True)
 
-    def _capture(self, run) -> dict: return capture_buckets(run, self.sizes, self.capture)
+    def _capture(self, run) -> dict: return capture_graphs(run, self.sizes, capture=self.capture)
 
     def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
 
     def step_ms(self, reqs: int, reps: int = 5) -> float:
         "Median device milliseconds of the greedy draft step for `reqs` requests (it only reads the rings)."
         n = next(s for s in self.sizes if s >= reqs)
-        return replay_ms(self.graphs[n][0].replay, reps)
+        return device_ms(self.graphs[n][0].replay, reps)
 
     def _fill(self, slots: list[int], anchors: list[int], P: list[int], sampling: tuple | None) -> int:
         """Lay the requests into the buffers (asynchronously, from the pinned stage) and return the bucket. Padding
