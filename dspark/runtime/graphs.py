@@ -26,7 +26,7 @@ from ..kernels.fused import qkv_rope_insert_
 from ..kernels.step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from ..model.attention import Attention
 from ..config import CSA, SLIDING
-from ..cache.kv_cache import PagedKVCache, SeqView, run_layers
+from ..cache.kv_cache import PagedKVCache, SeqView, entry_store, run_layers, store_entries
 from ..spec.proposers import decided
 from ..model.layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
                      set_moe_impl, stack_linears, stacked_outputs)
@@ -38,10 +38,9 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'tables_sent', 'fill_buffers', 'fill_layout',
-           'compress_tokens', 'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections',
-           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
-           'fast_path', 'Rows', 'GraphRunner', 'DraftGraphs', 'DraftStep', 'MemoryProfile', 'step_peak_bytes',
-           'profile_memory']
+           'compress_tokens', 'StepView', 'x_linears', 'x_projections', 'compress_static', 'attend_static',
+           'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'Rows', 'GraphRunner',
+           'DraftGraphs', 'DraftStep', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
 
 # %% ../../nbs/22_cuda_graphs.ipynb #35bc22de
 class HostStage:
@@ -221,21 +220,6 @@ def compress_tokens(comp, x: torch.Tensor, pos: torch.Tensor, ring: tuple[torch.
     cos, sin = rope_cos_sin(inv, first)
     return apply_rope(comp.norm(pooled), cos, sin), (pos + 1) % r == 0
 
-def store_entries(cache: PagedKVCache, pool: torch.Tensor, tables: torch.Tensor, tok_req: torch.Tensor,
-                  pos: torch.Tensor, write: torch.Tensor, new: torch.Tensor, ratio: int, index: bool = False,
-                  sim: bool = False) -> None:
-    "Write each token's entry where `write`, else into the scratch block (no data-dependent shapes)."
-    if sim: new = fake_quant_index(new) if index else fake_quant_kv(new, cache.cfg.qk_rope_head_dim)
-    bs = cache.cc.block_size
-    first = ((pos + 1) // ratio - 1).clamp(min=0) * ratio
-    blk = tables[tok_req.clamp(min=0).long(), first // bs].long()
-    blk = torch.where(write, blk, cache.scratch_block)
-    cache.write(pool, blk, torch.where(write, (first % bs) // ratio, 0), new, index)
-
-
-def entry_store(cache: PagedKVCache, pool: torch.Tensor, meta, pos: torch.Tensor, ratio: int, index: bool) -> Callable:
-    "`compress_chunks_`'s `store` callback for a quantised cache: `store_entries` of the rows it is told are new."
-    return lambda new, done: store_entries(cache, pool, meta.tables, meta.tok_req, pos, done, new, ratio, index=index, sim=True)
 
 # %% ../../nbs/22_cuda_graphs.ipynb #81bebdc7
 @dataclass
