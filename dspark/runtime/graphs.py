@@ -20,7 +20,8 @@ import torch
 import torch.nn as nn
 
 from ..kernels.attention import BatchMeta, indexer_topk, sparse_attention
-from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, window_triton
+from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
+from ..kernels.round import window_triton
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
 from ..kernels.fused import qkv_rope_insert_
 from ..kernels.step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
