@@ -56,7 +56,7 @@ def emulate_rounds(llm) -> RoundGraphs:
 @pytest.fixture
 def reference_kernels(monkeypatch):
     "The attention kernels' torch references (as in test_graph_context): the round's plumbing is under test."
-    import dspark.runtime.graphs as G
+    import dspark.runtime.static as G
     from dspark.kernels.attention import indexer_topk_ref, sparse_attention_ref
     from dspark.kernels.fused import qkv_rope_insert_ref
     def rope_insert_(q, *a, **k):
@@ -126,7 +126,7 @@ def random_rounds(trials: int, seed: int = 3):
     where `fill(starts, ids)` lays the same requests out again at `starts` (as the host would) and returns the rows.
     Buckets 1-8, widths 1-6, blocks of 4-16 (so new positions cross block boundaries), rows per request from 1 to the
     width, acceptance from none to all, resumed prefixes' `pooled_upto` on some."""
-    from dspark.runtime.graphs import StepBuffers, fill_layout
+    from dspark.runtime.buffers import StepBuffers, fill_layout
     g = torch.Generator().manual_seed(seed)
     rnd = lambda hi, n: torch.randint(0, hi, (n,), generator=g).tolist()
     for trial in range(trials):

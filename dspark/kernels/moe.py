@@ -18,6 +18,7 @@ import triton.language as tl
 
 from .draft import _ROUND, _round_fp32   # the reference's roundings, as chapter 32 applies them
 from ..model.layers import StackedExperts, dense_experts
+from ..timing import capture_graphs, device_ms
 
 # %% auto #0
 __all__ = ['SMALL_MOE_PAIRS', 'small_moe_triton', 'small_moe_check', 'small_moe_pairs']

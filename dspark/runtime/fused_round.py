@@ -12,9 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import GraphRunner, StepBuffers, bucket_sizes, fill_layout, forward_static, tables_sent
-from ..kernels.round import advance_layout, advance_layout_triton, greedy_accept, round_handover, round_handover_triton
+from .buffers import fill_layout, tables_sent
+from .graphs import GraphRunner, bucket_sizes
+from .memory import free_bytes
+from .static import forward_static
+from ..kernels.round import advance_layout, advance_layout_triton, round_handover, round_handover_triton
 from ..spec.proposers import decided
+from ..timing import capture_graphs
 
 # %% auto #0
 __all__ = ['RoundOutputs', 'Round', 'RoundGraphs']
@@ -95,10 +99,9 @@ class RoundGraphs:
 
     def capture(self) -> None:
         "Warm up on a side stream, then capture one graph per request bucket into the runner's pool."
-        from dspark.runtime.graphs import _free_bytes
-        free0 = _free_bytes()
+        free0 = free_bytes()
         self.graphs = capture_graphs(self.run, self.sizes, self.g.pool, prepare=self._pad_only)
-        self.graph_bytes = free0 - _free_bytes()
+        self.graph_bytes = free0 - free_bytes()
 
     def _pad_only(self, R: int) -> None:
         self.g._pad_only(R * self.width); self.first[:R].zero_(); self.drafts[:R].zero_()

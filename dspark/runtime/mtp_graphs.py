@@ -11,7 +11,8 @@ import itertools
 
 import torch
 
-from .graphs import HostStage, bucket_sizes
+from .buffers import HostStage
+from .graphs import bucket_sizes
 from ..timing import capture_graphs
 
 
