@@ -7,7 +7,8 @@ import torch
 
 import dspark
 from dspark.engine.core import greedy_verify
-from dspark.runtime.fused_round import RoundGraphs, greedy_accept
+from dspark.kernels.round import greedy_accept
+from dspark.runtime.fused_round import RoundGraphs
 from dspark.runtime.graphs import GraphRunner
 from dspark.cache.kv_cache import SeqView
 from dspark.sample.sampling import SamplingParams
@@ -55,7 +56,7 @@ def emulate_rounds(llm) -> RoundGraphs:
 @pytest.fixture
 def reference_kernels(monkeypatch):
     "The attention kernels' torch references (as in test_graph_context): the round's plumbing is under test."
-    import dspark.runtime.graphs as G
+    import dspark.runtime.static as G
     from dspark.kernels.attention import indexer_topk_ref, sparse_attention_ref
     from dspark.kernels.fused import qkv_rope_insert_ref
     def rope_insert_(q, *a, **k):
@@ -125,7 +126,7 @@ def random_rounds(trials: int, seed: int = 3):
     where `fill(starts, ids)` lays the same requests out again at `starts` (as the host would) and returns the rows.
     Buckets 1-8, widths 1-6, blocks of 4-16 (so new positions cross block boundaries), rows per request from 1 to the
     width, acceptance from none to all, resumed prefixes' `pooled_upto` on some."""
-    from dspark.runtime.graphs import StepBuffers, fill_layout
+    from dspark.runtime.buffers import StepBuffers, fill_layout
     g = torch.Generator().manual_seed(seed)
     rnd = lambda hi, n: torch.randint(0, hi, (n,), generator=g).tolist()
     for trial in range(trials):
@@ -148,10 +149,10 @@ def random_rounds(trials: int, seed: int = 3):
 def test_advance_layout_is_what_fill_layout_writes_at_the_new_positions():
     """The next round laid out on the device (chapter 28's `advance_layout`) against the host's `fill_layout` of the
     same requests at their new anchors, with the same row counts (`random_rounds`); padding rows stay padding."""
-    from dspark.runtime.fused_round import advance_layout
+    from dspark.kernels.round import advance_layout
     crossed = 0
     for buf, fill, n, starts, lens, accepted, following in random_rounds(60):
-        advance_layout(buf, accepted, following, n)
+        advance_layout(buf.packed, buf.window_tables, buf.block_size, accepted, following, n)
         got = buf.packed[:n].clone()
         new = [s + a + 1 for s, a in zip(starts, accepted.tolist())]
         crossed += sum((s + m - 1) // buf.block_size != (s2 + m - 1) // buf.block_size for s, s2, m in zip(starts, new, lens))

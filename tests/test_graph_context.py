@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import dspark
-from dspark.runtime.graphs import GraphRunner, forward_static
+from dspark.runtime.graphs import GraphRunner
+from dspark.runtime.static import forward_static
 from dspark.sample.sampling import SamplingParams
 
 
@@ -40,7 +41,7 @@ def emulate_graphs(llm, max_num_seqs: int, ragged_tokens: int = 0) -> GraphRunne
 
 def use_references(monkeypatch) -> None:
     "The kernels' torch references inside the emulated graphs: the plumbing is under test, not Triton."
-    import dspark.runtime.graphs as G
+    import dspark.runtime.static as G
     from dspark.kernels.attention import indexer_topk_ref, sparse_attention_ref
     from dspark.kernels.fused import qkv_rope_insert_ref
     def rope_insert_(q, *a, **k):                       # the kernel's contract: Q (and the K=V rows) rewritten in place

@@ -73,7 +73,7 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
     step three times: laid out, again unchanged (the block tables are not resent), then with a block of a window
     table changed in place (they are)."""
     import random
-    from dspark.runtime.graphs import StepBuffers, fill_buffers
+    from dspark.runtime.buffers import StepBuffers, fill_buffers
     rng = random.Random(0)
 
     def check(buf, seqs, chunks, n, bs):
@@ -120,7 +120,8 @@ def test_fill_buffers_lays_out_every_token_as_the_per_token_rule_says():
 def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
     # the fast path stacks each layer's x-reading projections (wq_a, wkv, the compressors', the indexer weights):
     # a decode step through forward_static gives the same logits before and after, the weights are views
-    from dspark.runtime.graphs import fill_buffers, x_linears
+    from dspark.runtime.buffers import fill_buffers
+    from dspark.runtime.static import x_linears
     from dspark.model.layers import STACK, stack_linears
     from dspark.kernels.hc import aten_launches
     m = dspark.load_target(tiny_ckpt, device="cuda" if torch.cuda.is_available() else "cpu")

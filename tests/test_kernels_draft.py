@@ -168,9 +168,9 @@ def test_kernels_compile_for_hopper():
 
 @pytest.mark.parametrize("width", [6, 5, 2])
 def test_round_handover_kernel_equals_the_reference(width):
-    "Accepted counts, anchors, positions and ring slots from the kernel and from `fused_round.round_handover`."
-    from dspark.runtime.fused_round import round_handover
-    from dspark.kernels.draft import round_handover_triton
+    "Accepted counts, anchors, positions and ring slots from the kernel and from `kernels.round.round_handover`."
+    from dspark.kernels.round import round_handover
+    from dspark.kernels.round import round_handover_triton
     g = torch.Generator().manual_seed(width)
     R, pad = 7, 3                                   # seven requests, three padding rows after them
     drafts = torch.randint(0, width, (R,), generator=g)
@@ -207,7 +207,7 @@ def test_round_handover_kernel_equals_the_reference(width):
 @pytest.mark.parametrize("w,size", [(6, 11), (64, 69), (5, 5)])
 def test_window_kernel_equals_the_rings_mask(w, size):
     "The context window's mask and completeness from the kernel and from `DraftContext.window`'s torch."
-    from dspark.kernels.draft import window_triton
+    from dspark.kernels.round import window_triton
     rings = torch.full((5, size), -1, dtype=torch.long)
     for r, top in enumerate((3 * size // 2 + 1, 2 * size + 3, 2, size)):   # ring 4 stays empty (the scratch ring)
         held = torch.arange(max(0, top - size), top)
@@ -228,7 +228,7 @@ def test_window_kernel_equals_the_rings_mask(w, size):
 def test_the_draft_step_masks_its_window_in_one_launch(tiny_ckpt):
     """`DSparkProposer.draft_tensors` with the window kernel set (as `graphs.fast_path` sets it) launches it once and
     no torch mask, with gradients on as when the graphs capture it, and drafts as without it."""
-    from dspark.kernels.draft import window_triton
+    from dspark.kernels.round import window_triton
     from dspark.spec.proposers import DSparkProposer
     target = dspark.load_target(tiny_ckpt, device=DEV)
     pr = DSparkProposer(load_drafter(tiny_ckpt, target), 2, DEV)
@@ -265,15 +265,15 @@ def test_context_rows_with_the_fused_kernel(tiny_ckpt):
 
 
 def test_advance_kernel_equals_the_reference():
-    """The next round's layout from the kernel and from `fused_round.advance_layout`, on the random rounds of
+    """The next round's layout from the kernel and from `kernels.round.advance_layout`, on the random rounds of
     test_fused_round (which checks the reference against `fill_layout`), on the test's device."""
-    from dspark.runtime.fused_round import advance_layout
-    from dspark.kernels.draft import advance_layout_triton
+    from dspark.kernels.round import advance_layout
+    from dspark.kernels.round import advance_layout_triton
     from test_fused_round import random_rounds
     for buf, _, n, _, _, accepted, following in random_rounds(24, seed=5):
         for name in ("packed", "window_tables"): setattr(buf, name, getattr(buf, name).to(DEV))
         before = buf.packed.clone()
-        advance_layout(buf, accepted.to(DEV), following.to(DEV), n)
+        advance_layout(buf.packed, buf.window_tables, buf.block_size, accepted.to(DEV), following.to(DEV), n)
         want, _ = buf.packed.clone(), buf.packed.copy_(before)
-        advance_layout_triton(buf, accepted.to(DEV), following.to(DEV), n)
+        advance_layout_triton(buf.packed, buf.window_tables, buf.block_size, accepted.to(DEV), following.to(DEV), n)
         assert torch.equal(buf.packed, want) and not torch.equal(want, before)

@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 
 from dspark.model.attention import Compressor
 from dspark.config import preset
-from dspark.runtime.graphs import compress_tokens, store_entries
+from dspark.cache.kv_cache import store_entries
+from dspark.runtime.static import compress_tokens
 from dspark.kernels.step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
 from dspark.cache.kv_cache import ring_size
 from dspark.model.layers import Gate, RMSNorm, rope_inv_freq

@@ -26,7 +26,7 @@ for K in [0] + DEPTHS:
     t = time.time(); engines[K] = build(K)
     engines[K].generate(prompts[:top], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     print("built", K, round(time.time() - t, 1), flush=True)
-from dspark.runtime.graphs import replay_ms
+from dspark.timing import device_ms as replay_ms
 anatomy = {}
 for K, e in engines.items():        # device ms of the captured steps at the top load, every row padding
     fwd = e.runner.forward

@@ -5,7 +5,7 @@ SMALL_MOE_PAIRS should sit. OUT=. python moe_small_gpu.py"""
 import json, os, torch
 from dspark.kernels.moe import small_moe_triton
 from dspark.model.layers import StackedExperts, grouped_experts
-from dspark.runtime.graphs import replay_ms
+from dspark.timing import device_ms as replay_ms
 OUT, res = os.environ["OUT"], {"gpu": torch.cuda.get_device_name(), "rows": []}
 g = torch.Generator(device="cuda").manual_seed(0)
 for name, D, I, E, k in (("embedded", 256, 96, 8, 2), ("v4_flash_like", 4096, 2048, 32, 8)):

@@ -22,8 +22,8 @@ from ..model.quant import fake_quant_index, fake_quant_kv, kv_row_layout, quanti
 
 # %% auto #0
 __all__ = ['KV_CACHE_DTYPES', 'CacheConfig', 'ring_size', 'row_bytes', 'kv_bytes_per_token', 'elem_bytes', 'block_bytes',
-           'ring_bytes', 'plan_cache', 'profile_line', 'cache_format', 'simulate_qat', 'PagedKVCache', 'SeqView',
-           'attend_cached', 'run_layers', 'forward_cached']
+           'ring_bytes', 'plan_cache', 'profile_line', 'cache_format', 'simulate_qat', 'PagedKVCache', 'store_entries',
+           'entry_store', 'SeqView', 'attend_cached', 'run_layers', 'forward_cached']
 
 # %% ../../nbs/11_kv_cache.ipynb #4f780e51
 @dataclass
@@ -183,6 +183,24 @@ class PagedKVCache:
         blocks = torch.tensor(table, dtype=torch.long)[p // self.cc.block_size]
         if (blocks < 0).any(): raise RuntimeError(f"positions [{start * per}, {end * per}) reach a released block")
         return blocks, (p % self.cc.block_size) // per
+
+# %% ../../nbs/11_kv_cache.ipynb #b8aee1ec
+def store_entries(cache: PagedKVCache, pool: torch.Tensor, tables: torch.Tensor, tok_req: torch.Tensor,
+                  pos: torch.Tensor, write: torch.Tensor, new: torch.Tensor, ratio: int, index: bool = False,
+                  sim: bool = False) -> None:
+    "Write each token's entry where `write`, else into the scratch block (no data-dependent shapes)."
+    if sim: new = fake_quant_index(new) if index else fake_quant_kv(new, cache.cfg.qk_rope_head_dim)
+    bs = cache.cc.block_size
+    first = ((pos + 1) // ratio - 1).clamp(min=0) * ratio
+    blk = tables[tok_req.clamp(min=0).long(), first // bs].long()
+    blk = torch.where(write, blk, cache.scratch_block)
+    cache.write(pool, blk, torch.where(write, (first % bs) // ratio, 0), new, index)
+
+
+def entry_store(cache: PagedKVCache, pool: torch.Tensor, meta, pos: torch.Tensor, ratio: int, index: bool) -> Callable:
+    "`compress_chunks_`'s `store` callback for a quantised cache: `store_entries` of the rows it is told are new."
+    return lambda new, done: store_entries(cache, pool, meta.tables, meta.tok_req, pos, done, new, ratio, index=index, sim=True)
+
 
 # %% ../../nbs/11_kv_cache.ipynb #24a77726
 @dataclass

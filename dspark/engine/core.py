@@ -451,7 +451,7 @@ class LLM:
         ragged = min(RAGGED_GRAPH_TOKENS, max_num_batched_tokens) if use_graphs else 0
         if kv_cache_memory_bytes: budget = kv_cache_memory_bytes
         elif str(device).startswith("cuda") and getattr(self, "world", 1) == 1:   # profile, then size the cache
-            from dspark.runtime.graphs import profile_memory
+            from dspark.runtime.memory import profile_memory
             taps = tuple(drafter.cfg.dspark_target_layer_ids) if speculative == "dspark" else ()
             self.memory = profile_memory(self.model, self._forward_for(attention_backend, device, batch_invariant),
                                          gpu_memory_utilization, max_num_batched_tokens,
@@ -469,8 +469,8 @@ class LLM:
                                   canon=self._decision_canon())
         self.graphs = None
         if use_graphs:
-            from dspark.runtime.graphs import GraphRunner                # CUDA graphs of decode and verify steps
-            self.graphs = GraphRunner.for_runner(self.runner, max_num_seqs, ragged)
+            from dspark.runtime.engine_graphs import graphs_for_runner   # CUDA graphs of decode and verify steps
+            self.graphs = graphs_for_runner(self.runner, max_num_seqs, ragged)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
             if overlap_decode:                                   # chapter 31: the next step queued early

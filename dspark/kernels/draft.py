@@ -16,12 +16,12 @@ from .hc import _launch
 import triton
 import triton.language as tl
 
+from .round import round_kernels_check
 from ..model.drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
 __all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_chunk',
-           'markov_greedy_triton', 'draft_block_attention', 'round_handover_triton', 'window_triton',
-           'advance_layout_triton', 'draft_kernels_check']
+           'markov_greedy_triton', 'draft_block_attention', 'draft_kernels_check']
 
 # %% ../../nbs/17_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -260,104 +260,6 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
 
 draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 11)
 
-# %% ../../nbs/17_kernels_draft.ipynb #08a8c222
-@triton.jit
-def _handover_kernel(v_ptr, ids_ptr, first_ptr, drafts_ptr, pos_ptr, ring_ptr, anchor_ptr, P_ptr, slot_ptr, host_ptr, N,
-                     scratch, W, BLOCK_W: tl.constexpr, PUBLISH: tl.constexpr):
-    """Program i: request i's accepted drafts (the leading run of rows whose argmax is the next row's token), written
-    after the rows' argmax in `v`, then its new anchor, that anchor's position and its context-ring slot. `PUBLISH`:
-    also request i's rows of `v` and its accepted count, into the same places of `host` (pinned host memory, which
-    the GPU writes directly)."""
-    i = tl.program_id(0)
-    f = tl.load(first_ptr + i)
-    d = tl.load(drafts_ptr + i)
-    j = tl.arange(0, BLOCK_W)
-    live = (j < d) & (j < W - 1) & (j < N - 1)              # one row (N = 1): nothing to verify
-    rows = tl.minimum(tl.maximum(f + j, 0), N - 2)          # as `greedy_accept` clamps them
-    ok = live & (tl.load(v_ptr + rows, mask=live, other=0) == tl.load(ids_ptr + rows + 1, mask=live, other=0))
-    a = tl.min(tl.where(ok, BLOCK_W, j), 0)                 # the first row that does not match (BLOCK_W > W − 1)
-    tl.store(v_ptr + N + i, a.to(tl.int64))
-    if PUBLISH:                                             # padding requests rewrite row 0 with its own value
-        mine = (j <= d) & (f + j < N)
-        tl.store(host_ptr + f + j, tl.load(v_ptr + f + j, mask=mine, other=0), mask=mine)
-        tl.store(host_ptr + N + i, a.to(tl.int64))
-    tl.store(anchor_ptr + i, tl.load(v_ptr + f + a))
-    p0 = tl.load(pos_ptr + f).to(tl.int64)
-    tl.store(P_ptr + i, tl.maximum(p0 + a + 1, 0))
-    tl.store(slot_ptr + i, tl.where(p0 >= 0, tl.load(ring_ptr + f), scratch).to(tl.int64))
-
-def round_handover_triton(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
-                          tok_pos: torch.Tensor, ring_slot: torch.Tensor, scratch: int, width: int,
-                          host: torch.Tensor | None = None):
-    """`fused_round.round_handover` in one launch: writes the accepted drafts after the argmax in `verified` and
-    returns `(anchors, P, slots)` `[R]` int64. `host` (a pinned int64 buffer of at least `N + R`): the kernel also
-    writes there what the host reads of `verified` (each request's rows, the accepted counts), so a captured round
-    needs no copy node for them (a copy node left ~6 µs of idle device on each side, chapter 28)."""
-    N, R = ids.shape[0], first.shape[0]
-    if verified.shape[0] != N + R or not verified.is_contiguous():
-        raise ValueError(f"verified must be a contiguous [N + R] = [{N + R}] buffer, got {list(verified.shape)}")
-    if host is not None and (host.dtype != torch.long or host.dim() != 1 or host.shape[0] < N + R or not host.is_contiguous()):
-        raise ValueError(f"host must be a contiguous int64 buffer of at least {N + R} entries, got {host.dtype} {list(host.shape)}")
-    anchors, P, slots = (torch.empty(R, dtype=torch.long, device=verified.device) for _ in range(3))
-    if R: _launch(_handover_kernel, (R,), verified, ids, first, drafts, tok_pos, ring_slot, anchors, P, slots,
-                  verified if host is None else host, N, scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)),
-                  PUBLISH=host is not None)
-    return anchors, P, slots
-
-# %% ../../nbs/17_kernels_draft.ipynb #dfb657ae
-@triton.jit
-def _window_kernel(pos_ptr, s_pos, slot_ptr, P_ptr, valid_ptr, complete_ptr, S, w, BLOCK_S: tl.constexpr):
-    "Program i: which of ring `slots[i]`'s `S` places hold positions `[P − w, P)`, and whether all `min(P, w)` do."
-    i = tl.program_id(0)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    P = tl.load(P_ptr + i)
-    j = tl.arange(0, BLOCK_S)
-    inside = j < S
-    pos = tl.load(pos_ptr + slot * s_pos + j, mask=inside, other=-1)
-    ok = inside & (pos >= tl.maximum(P - w, 0)) & (pos < P)
-    tl.store(valid_ptr + i * S + j, ok.to(tl.uint8), mask=inside)
-    tl.store(complete_ptr + i, (tl.sum(ok.to(tl.int32), 0) == tl.minimum(P, w)).to(tl.uint8))
-
-def window_triton(ring_pos: torch.Tensor, slots: torch.Tensor, P: torch.Tensor, w: int):
-    """`speculative.DraftContext.window` in one launch: `(valid [R, S], complete [R])`, bool, for rings `slots` anchored
-    at `P` (`ring_pos`: each ring's positions, −1 where empty)."""
-    R, S = slots.shape[0], ring_pos.shape[1]
-    if ring_pos.stride(1) != 1: raise ValueError("ring_pos must have contiguous rows")
-    valid = torch.empty(R, S, dtype=torch.uint8, device=ring_pos.device)
-    complete = torch.empty(R, dtype=torch.uint8, device=ring_pos.device)
-    if R: _launch(_window_kernel, (R,), ring_pos, ring_pos.stride(0), slots, P, valid, complete, S, w,
-                  BLOCK_S=triton.next_power_of_2(S))
-    return valid.view(torch.bool), complete.view(torch.bool)
-
-# %% ../../nbs/17_kernels_draft.ipynb #5be34859
-@triton.jit
-def _advance_kernel(p_ptr, s_p, wt_ptr, s_wt, W, acc_ptr, f_ptr, s_f, n, bs, BLOCK: tl.constexpr):
-    "Rows `[i·BLOCK, (i + 1)·BLOCK)` of the step buffers' packed rows, each live row moved on by its request's acceptance."
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    base = p_ptr + rows.to(tl.int64) * s_p
-    req = tl.load(base, mask=rows < n, other=-1)
-    live = req >= 0
-    r = tl.maximum(req, 0)
-    shift = tl.where(live, tl.load(acc_ptr + r, mask=live, other=0) + 1, 0)
-    pos = tl.load(base + 1, mask=live, other=0) + shift
-    col = tl.minimum(tl.maximum(pos, 0) // bs, W - 1)
-    blk = tl.load(wt_ptr + r * s_wt + col, mask=live, other=0).to(tl.int64)
-    keep = pos >= tl.load(base + 5, mask=live, other=0)
-    tl.store(base + 1, pos, mask=live)
-    tl.store(base + 2, tl.where(keep, blk * bs + pos % bs, -1), mask=live)
-    tl.store(base + 4, tl.load(base + 4, mask=live, other=0) + shift, mask=live)
-    j = rows - tl.load(p_ptr + r * s_p + 7, mask=live, other=0)        # row within its request
-    tl.store(base + 6, tl.load(f_ptr + r * s_f + j, mask=live, other=0), mask=live)
-
-def advance_layout_triton(buf, accepted: torch.Tensor, following: torch.Tensor, n: int) -> None:
-    """`fused_round.advance_layout` in one launch: the first `n` packed rows of step buffers `buf` moved on by
-    `accepted [R]`, fed `following [R, ≥ width]`."""
-    p, wt = buf.packed, buf.window_tables
-    if p.stride(1) != 1 or wt.stride(1) != 1 or following.stride(1) != 1:
-        raise ValueError("packed rows, window tables and following must have contiguous rows")
-    if n: _launch(_advance_kernel, (triton.cdiv(n, 64),), p, p.stride(0), wt, wt.stride(0), wt.shape[1], accepted,
-                  following, following.stride(0), n, buf.block_size, BLOCK=64)
-
 # %% ../../nbs/17_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()
 def draft_kernels_check(drafter, seed: int = 0) -> str | None:
@@ -397,39 +299,8 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
             a, b = lg[drafts[0, k]].item(), lg[ref_drafts[0, k]].item()
             if abs(a - b) > 1e-2 * max(1.0, abs(b)):
                 return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"
-        from dspark.runtime.fused_round import round_handover       # (chapter 28 imports this module)
-        ids = torch.randint(0, V, (G + 2,), generator=gen).to(dev)   # a request of G rows, then a padding row
-        top = torch.roll(ids, -1)
-        top[2] = (top[2] + 1) % V                            # the third draft is rejected
-        z = lambda *v: torch.tensor(v, device=dev)
-        args = (ids, z(0, G + 1), z(G, 0), z(*range(5, 5 + G + 1), -1).int(), z(*range(G + 2)), 7, G + 1)
-        v_ref, v_fast = torch.cat([top, z(-1, -1)]), torch.cat([top, z(-1, -1)])
-        ref, fast = round_handover(v_ref, *args), round_handover_triton(v_fast, *args)
-        if not (torch.equal(v_ref, v_fast) and all(torch.equal(a, b) for a, b in zip(ref, fast))):
-            return f"round handover: accepted {v_fast[-2:].tolist()}, the reference {v_ref[-2:].tolist()}"
-        host = torch.full((G + 5,), -9, dtype=torch.long, pin_memory=dev.type == "cuda")   # as a captured round writes it
-        round_handover_triton(torch.cat([top, z(-1, -1)]), *args, host=host)
-        if dev.type == "cuda": torch.cuda.synchronize()
-        if host[:G + 4].tolist() != v_fast.tolist():
-            return f"round handover's copy for the host: {host[:G + 4].tolist()}, the verification {v_fast.tolist()}"
-        from dspark.spec.proposers import DraftContext           # (chapter 13 imports the drafter, not this module)
-        ring = DraftContext(drafter, 2, dev)
-        ring.pos[0] = torch.randperm(ring.size, generator=gen).to(dev) - 3      # some places empty (−1 and below)
-        slots, P = z(0, 2, 0), z(ring.w + 2, 5, 0)            # a full window, the scratch ring (empty), no context
-        if not all(torch.equal(a, b) for a, b in zip(ring.window(slots, P), window_triton(ring.pos, slots, P, ring.w))):
-            return "context window mask differs from DraftContext.window"
-        from dspark.runtime.fused_round import advance_layout
-        from dspark.runtime.graphs import StepBuffers
-        bufs = [StepBuffers.allocate(12, 3, 63, 8, dev) for _ in range(2)]
-        for b in bufs:                                       # request 0: 4 rows, request 1: 2 rows, then padding
-            b.packed[:12] = torch.tensor([[0, 5 + j, 40 + j, 3, 8, 0, 0, 0, 3] for j in range(4)] +
-                                         [[1, 2 + j, 10 + j, 0, 3, 0, 0, 4, 1] for j in range(2)] +
-                                         [[-1, -1, -1, 9, -1, 0, 0, 0, 0]] * 6, device=dev)
-            b.window_tables[:2, :3] = z([5, 2, 7], [1, 4, -1]).int()
-        acc, fol = z(3, 0, 0), torch.arange(18, device=dev).view(3, 6)
-        advance_layout(bufs[0], acc, fol, 12); advance_layout_triton(bufs[1], acc, fol, 12)
-        if not torch.equal(bufs[0].packed, bufs[1].packed):
-            return "next round's layout differs from fused_round.advance_layout"
+        why = round_kernels_check(V, G, cfg.sliding_window, dev, gen)   # the round's kernels, on the same draws
+        if why is not None: return why
     except Exception as e:                       # a compiler or launch error on this device: keep the torch path
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..config import CSA, SLIDING
-from ..cache.kv_cache import forward_cached
+from ..cache.kv_cache import entry_store, forward_cached
 from ..model.quant import fake_quant_index, fake_quant_kv
 from ..model.layers import apply_rope, rms_norm, rope_cos_sin
 
@@ -160,7 +160,6 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        from dspark.runtime.graphs import entry_store
         from dspark.kernels.step import compress_chunks_       # every request at once (chapter 27's kernel)
         ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
         comps = [(attn.compressor, cache.rings, cache.entries, False)]

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from .draft import _ROUND, _round_fp32   # the reference's roundings, as chapter 32 applies them
 from ..model.layers import StackedExperts, dense_experts
+from ..timing import capture_graphs, device_ms
 
 # %% auto #0
 __all__ = ['SMALL_MOE_PAIRS', 'small_moe_triton', 'small_moe_check', 'small_moe_pairs']
@@ -160,13 +161,8 @@ def small_moe_check(device: str | torch.device, dtype: torch.dtype, dim: int = 7
 # %% ../../nbs/18_kernels_moe.ipynb #a18e7f7f
 def _graph_us(fn, calls: int = 10) -> float:
     "Device µs per call of `fn`, captured `calls` times in a CUDA graph (no host launch cost in it) and replayed."
-    from dspark.runtime.graphs import replay_ms
-    for _ in range(2): fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls): fn()
-    return 1000 * replay_ms(g.replay, 5) / calls
+    g, _ = capture_graphs(lambda _: [fn() for _ in range(calls)], [0])[0]   # the warm-up: `calls` runs
+    return 1000 * device_ms(g.replay, 5) / calls
 
 @torch.no_grad()
 def small_moe_pairs(moe, most: int = SMALL_MOE_PAIRS, timer=None) -> int:

@@ -12,40 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import GraphRunner, StepBuffers, bucket_sizes, fill_layout, forward_static, tables_sent
-from ..kernels.draft import advance_layout_triton, round_handover_triton
+from .buffers import fill_layout, tables_sent
+from .graphs import GraphRunner, bucket_sizes
+from .memory import free_bytes
+from .static import forward_static
+from ..kernels.round import advance_layout, advance_layout_triton, round_handover, round_handover_triton
 from ..spec.proposers import decided
+from ..timing import capture_graphs
 
 # %% auto #0
-__all__ = ['greedy_accept', 'round_handover', 'RoundOutputs', 'Round', 'RoundGraphs', 'advance_layout']
-
-# %% ../../nbs/23_fused_round.ipynb #6296d859
-def greedy_accept(top: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
-                  width: int) -> torch.Tensor:
-    """Accepted drafts `a [R]` for greedy requests: `top [N]` is the target's argmax of each row, `ids [N]` the step's
-    token ids, request `i`'s anchor is row `first[i]` and its `drafts[i] < width` drafts are the rows after it.
-    Fixed shapes, no host synchronisation (graph-capturable)."""
-    N = top.shape[0]
-    if N < 2: return torch.zeros_like(first)                            # one row: no draft to verify
-    j = torch.arange(width - 1, device=top.device)
-    rows = (first[:, None] + j).clamp(0, N - 2)                         # row verifying draft j + 1
-    match = (top[rows] == ids[rows + 1]) & (j < drafts[:, None])
-    return match.long().cumprod(1).sum(1)
-
-def round_handover(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
-                   tok_pos: torch.Tensor, ring_slot: torch.Tensor, scratch: int, width: int):
-    """From a round's verification to its draft step: `verified [N + R]` holds each row's argmax in its first `N`;
-    this writes each request's accepted drafts after them and returns `(anchors, P, slots)` `[R]` each: the token
-    after the accepted drafts, the position it takes (its row's position + accepted + 1) and the request's
-    context-ring slot (the `scratch` ring for a padding request, whose row has position −1). `tok_pos`, `ring_slot`:
-    the step buffers' rows. The reference of chapter 32's one-launch `round_handover_triton`."""
-    N = ids.shape[0]
-    top = verified[:N]
-    a = verified[N:]
-    a.copy_(greedy_accept(top, ids, first, drafts, width))
-    pos0 = tok_pos[first].long()
-    slots = torch.where(pos0 >= 0, ring_slot[first], scratch)
-    return top[first + a], (pos0 + a + 1).clamp(min=0), slots
+__all__ = ['RoundOutputs', 'Round', 'RoundGraphs']
 
 # %% ../../nbs/23_fused_round.ipynb #29c9f908
 @dataclass
@@ -118,24 +94,14 @@ class RoundGraphs:
         # last, the next round of the same requests, laid out in the step buffers (chapter 31 replays this graph on it
         # when nothing changed, instead of laying it out on the host): the rows were read into the fields at the start
         adv = advance_layout_triton if hand is round_handover_triton else advance_layout
-        adv(buf, verified[n:], res.following.view(R, self.K + 1), n)
+        adv(buf.packed, buf.window_tables, buf.block_size, verified[n:], res.following.view(R, self.K + 1), n)
         return res
 
     def capture(self) -> None:
         "Warm up on a side stream, then capture one graph per request bucket into the runner's pool."
-        from dspark.runtime.graphs import _free_bytes
-        free0 = _free_bytes()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for R in self.sizes: self._pad_only(R); self.run(R)
-        torch.cuda.current_stream().wait_stream(side)
-        for R in sorted(self.sizes, reverse=True):
-            self._pad_only(R)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.g.pool): out = self.run(R)
-            self.graphs[R] = (graph, out)
-        self.graph_bytes = free0 - _free_bytes()
+        free0 = free_bytes()
+        self.graphs = capture_graphs(self.run, self.sizes, self.g.pool, prepare=self._pad_only)
+        self.graph_bytes = free0 - free_bytes()
 
     def _pad_only(self, R: int) -> None:
         self.g._pad_only(R * self.width); self.first[:R].zero_(); self.drafts[:R].zero_()
@@ -242,23 +208,3 @@ class RoundGraphs:
         v = drafted[:b * (1 + self.K)].tolist()
         conf = [None] * R if conf is None else decided(conf.reshape(-1)[:R * self.K].view(R, self.K).tolist(), fetch)
         return [v[b + i * self.K:b + (i + 1) * self.K] for i in range(R)], [bool(x) for x in v[:R]], conf
-
-# %% ../../nbs/23_fused_round.ipynb #88c94afb
-def advance_layout(buf: StepBuffers, accepted: torch.Tensor, following: torch.Tensor, n: int) -> None:
-    """Lay out, in the step buffers' first `n` rows, the next round of the requests whose round they hold, on the
-    device: each request keeps its rows, moved on by its accepted drafts + 1 (`accepted [R]`, the round's output);
-    their window slots are looked up again in the block tables the device holds (the column clamped into the table:
-    a layout the host will not use must not fault), and row `j` of a request gets `following[request, j]` (its next
-    anchor, then drafts). Padding rows stay as they are. This is what `fill_layout` writes for those requests at their
-    new positions with the same row counts, without the host (fixed shapes, capturable)."""
-    p, bs, W = buf.packed[:n], buf.block_size, buf.window_tables.shape[1]
-    live = p[:, 0] >= 0
-    req = p[:, 0].clamp(min=0)
-    shift = torch.where(live, accepted[req] + 1, 0)
-    pos = p[:, 1] + shift
-    blk = buf.window_tables[req, (pos.clamp(min=0) // bs).clamp(max=W - 1)].long()
-    p[:, 2] = torch.where(live, torch.where(pos >= p[:, 5], blk * bs + pos % bs, -1), p[:, 2])
-    p[:, 1] = pos
-    p[:, 4] += shift
-    j = torch.arange(n, device=p.device) - p[req, 7]                 # row within its request
-    p[:, 6] = torch.where(live, following[req, j.clamp(0, following.shape[1] - 1)], p[:, 6])

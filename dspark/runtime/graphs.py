@@ -11,372 +11,31 @@ import functools
 import itertools
 import logging
 import math
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
-import torch.nn as nn
 
-from ..kernels.attention import BatchMeta, indexer_topk, sparse_attention
-from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, window_triton
+from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
 from ..kernels.fused import qkv_rope_insert_
-from ..kernels.step import compress_chunks_, compress_step_, rms_norm_fused, router_fused, swiglu_fused
+from ..kernels.round import window_triton
+from ..kernels.step import rms_norm_fused, router_fused, swiglu_fused
 from ..model.attention import Attention
-from ..config import CSA, SLIDING
-from ..cache.kv_cache import PagedKVCache, SeqView, run_layers
+from ..cache.kv_cache import PagedKVCache, SeqView
 from ..spec.proposers import decided
-from ..model.layers import (Expert, Gate, MoE, RMSNorm, apply_rope, hc_head, hc_post, hc_pre, is_batch_invariant, rope_cos_sin,
-                     set_moe_impl, stack_linears, stacked_outputs)
-from ..model.quant import fake_quant_index, fake_quant_kv
+from ..model.layers import (Expert, Gate, MoE, RMSNorm, hc_head, hc_post, hc_pre, is_batch_invariant, set_moe_impl,
+                                 stack_linears)
 from ..sample.sampling import RowParams, _signed64
+from ..timing import capture_graphs, device_ms
+from .buffers import HostStage, StepBuffers, fill_buffers
+from .static import StepOutputs, forward_static, x_linears
+from .memory import free_bytes
 
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'tables_sent', 'fill_buffers', 'fill_layout',
-           'compress_tokens', 'store_entries', 'entry_store', 'StepView', 'x_linears', 'x_projections',
-           'compress_static', 'attend_static', 'StepOutputs', 'forward_static', 'bucket_sizes', 'ragged_bucket_sizes',
-           'fast_path', 'replay_ms', 'Rows', 'GraphRunner', 'capture_buckets', 'DraftGraphs', 'DraftStep',
-           'MemoryProfile', 'step_peak_bytes', 'profile_memory']
-
-# %% ../../nbs/22_cuda_graphs.ipynb #35bc22de
-class HostStage:
-    """Host mirrors of some device buffers, in pinned memory allocated once: filling a step no longer builds and
-    pins a fresh host tensor per buffer (an allocation each, every step). A stage is refilled only after the
-    copies out of it have run: `wait` checks an event recorded after them, and in the steady state the step's own
-    device-to-host read has already passed it, so the check never blocks."""
-    def __init__(self, bufs: dict[str, torch.Tensor]):
-        pin = any(b.is_cuda for b in bufs.values())
-        self.host = {k: torch.empty(b.shape, dtype=b.dtype, pin_memory=pin) for k, b in bufs.items()}
-        self.np = {k: h.numpy() for k, h in self.host.items()}
-        self.event = torch.cuda.Event() if pin else None
-
-    def wait(self) -> None:
-        "Before refilling: the previous copies out of the stage are done."
-        if self.event is not None and not self.event.query(): self.event.synchronize()
-
-    def send(self, dst: torch.Tensor, name: str, n: int) -> None:
-        "Copy the first `n` rows of mirror `name` into the first `n` rows of the device buffer `dst`, asynchronously."
-        dst[:n].copy_(self.host[name][:n], non_blocking=True)
-
-    def sent(self) -> None:
-        if self.event is not None: self.event.record()
-
-@dataclass
-class StepBuffers:
-    """Device inputs of a graph step at stable addresses: per token (`[N]`) and per request row (`[R, blocks]`).
-    The per-token fields arrive as one block: the host writes a step's rows into `packed` (token-major, so the
-    first `n` rows are one contiguous copy) and `unpack(n)`, the first thing a captured step does, spreads them
-    into the fields the kernels read (rows of `wide` and `narrow`, each contiguous)."""
-    ids: torch.Tensor            # [N] int64 token ids (0 for padding)
-    tok_req: torch.Tensor        # [N] int32 request row; -1 = padding
-    tok_pos: torch.Tensor        # [N] int32 position; -1 = padding
-    slots: torch.Tensor          # [N] int64 flat window slot to write; -1 = none
-    ring_slot: torch.Tensor      # [N] int64 compressor-ring slot (the cache's scratch slot for padding)
-    last: torch.Tensor           # [N] int64 the last position its request reaches in the step; -1 = padding
-    pooled: torch.Tensor         # [N] int64 its request's `pooled_upto` (a resumed prefix's cached entries end there)
-    window_tables: torch.Tensor  # [R, W] int32
-    tables: torch.Tensor         # [R, C] int32
-    block_size: int
-    max_pos: int                 # the largest position a step may hold (fixes the indexer's column count)
-    stage: HostStage | None = None   # pinned host mirrors of `packed` and the tables
-    packed: torch.Tensor | None = None   # [N, 9] int64: each token's PACKED fields, as the host sent them
-    wide: torch.Tensor | None = None     # [7, N] int64: slots, ring_slot, last, pooled, ids, first, drafts (rows)
-    narrow: torch.Tensor | None = None   # [2, N] int32: tok_req, tok_pos
-    sent_tables: tuple | None = None     # the block tables the device holds (rows 0..): unchanged ones are not resent
-    first: torch.Tensor | None = None    # [R] int64 request i's first token row (rows past the step's requests: 0)
-    drafts: torch.Tensor | None = None   # [R] int64 its tokens after the first (a verify step's drafts)
-    laid: object = None          # the DSpark round whose graph ran last on these rows: it left the next round of its
-                                 # requests laid out in them (chapter 28's `advance_layout`); None after any other layout
-
-    @classmethod
-    def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":
-        blocks = math.ceil((max_pos + 1) / block_size)
-        z = lambda *s, dt: torch.zeros(*s, dtype=dt, device=device)
-        wide, narrow = z(len(PACKED) - 2, max_tokens, dt=torch.int64), z(2, max_tokens, dt=torch.int32)
-        buf = cls(wide[4], narrow[0], narrow[1], wide[0], wide[1], wide[2], wide[3], z(max_reqs, blocks, dt=torch.int32),
-                  z(max_reqs, blocks, dt=torch.int32), block_size, max_pos, packed=z(max_tokens, len(PACKED), dt=torch.int64),
-                  wide=wide, narrow=narrow, first=wide[5], drafts=wide[6])
-        buf.stage = HostStage({k: getattr(buf, k) for k in STAGED})
-        return buf
-
-    def unpack(self, n: int) -> None:
-        "The first `n` rows of `packed` into the fields: two copies on the device (inside a captured step)."
-        self.narrow[:, :n].copy_(self.packed[:n, :2].T)
-        self.wide[:, :n].copy_(self.packed[:n, 2:].T)
-
-    def meta(self, n: int) -> BatchMeta:
-        "The attention kernels' view of the first `n` token rows (fixed shapes: no host copies of maxima)."
-        return BatchMeta(self.tok_req[:n], self.tok_pos[:n], self.window_tables, self.tables, self.slots[:n],
-                         self.block_size, self.max_pos, [])
-
-# %% ../../nbs/22_cuda_graphs.ipynb #13701ad7
-PACKED = ("tok_req", "tok_pos", "slots", "ring_slot", "last", "pooled", "ids",   # `StepBuffers.packed`'s columns: per
-          "first", "drafts")                                                   # token, then per request row
-STAGED = ("packed", "window_tables", "tables")                                   # what the host stages and sends
-SMALL_STEP = 32     # steps of at most this many tokens are laid out with Python ints: ~30 numpy calls on arrays of a
-                    # few elements cost more than the loop (a DSpark round at one request is 6 tokens)
-
-def _past_window(i: int, last: int, blocks: int) -> IndexError:
-    return IndexError(f"request row {i}: position {last} is past its window table ({blocks} blocks)")
-
-def _token_rows(seqs: list[SeqView], lens: list[int], bs: int) -> list[tuple]:
-    "A small step's packed rows (the first six columns), token by token."
-    rows = []
-    for i, (s, L) in enumerate(zip(seqs, lens)):
-        wt, end = s.window_table, s.start + L - 1
-        if end // bs >= len(wt): raise _past_window(i, end, len(wt))   # the window table must cover every new position
-        rows += [(i, p, wt[p // bs] * bs + p % bs if p >= s.pooled_upto else -1, s.slot, end, s.pooled_upto)
-                 for p in range(s.start, end + 1)]
-    return rows
-
-def _token_rows_np(seqs: list[SeqView], lens: list[int], k: int, bs: int, wt: np.ndarray) -> np.ndarray:
-    "The same rows with numpy over the whole step; `wt`: the host rows of the step's window tables."
-    R, lens = len(seqs), np.asarray(lens, np.int64)
-    req = np.repeat(np.arange(R), lens)
-    starts = np.fromiter((s.start for s in seqs), np.int64, R)
-    pos = np.arange(k) - np.repeat(np.cumsum(lens) - lens - starts, lens)           # each token's position
-    pooled = np.fromiter((s.pooled_upto for s in seqs), np.int64, R)
-    wl, blk = np.fromiter((len(s.window_table) for s in seqs), np.int64, R), pos // bs
-    past = blk >= wl[req]
-    if past.any():
-        i = int(req[past][0])
-        raise _past_window(i, int(pos[req == i].max()), int(wl[i]))
-    slots = np.where(pos >= pooled[req], wt[req, blk].astype(np.int64) * bs + pos % bs, -1)
-    last = np.repeat(starts + lens - 1, lens)
-    ring = np.repeat(np.fromiter((s.slot for s in seqs), np.int64, R), lens)
-    return np.stack([req, pos, slots, ring, last, pooled[req]], 1)
-
-def tables_sent(buf: StepBuffers, seqs: list[SeqView]) -> bool:
-    "Whether the device already holds these requests' block tables in rows `0..` (a step need not resend them)."
-    sent = buf.sent_tables
-    return sent is not None and len(sent[0]) >= len(seqs) and all(
-        w == s.window_table and t == s.table for w, t, s in zip(sent[0], sent[1], seqs))
-
-def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqView], n: int, scratch_slot: int) -> None:
-    """Lay out a ragged step (`chunks[i]` new tokens of `seqs[i]`) in the first `n` rows, the rest padding. A
-    resumed prefix's positions below `pooled_upto` write no window rows (those blocks are cached, maybe shared)."""
-    fill_layout(buf, [c.shape[0] for c in chunks], seqs, n, scratch_slot, torch.cat(chunks))
-
-def fill_layout(buf: StepBuffers, lens: list[int], seqs: list[SeqView], n: int, scratch_slot: int,
-                ids: torch.Tensor | list[int]) -> None:
-    """`fill_buffers` given each request's token count `lens[i]` and the step's token ids `ids` in row order: a
-    device tensor (copied on the device: the overlapped decode of chapter 31 feeds a step the previous step's
-    argmax without reading it) or host ints (staged in pinned memory with the rest).
-    The host side is a few numpy operations over the whole step: at 64 requests a per-request loop of slice
-    writes and list conversions cost ~0.5 ms a step, on a path that the host bounds. The step's per-token rows go
-    in one transfer (`StepBuffers.packed`); the block tables only when they differ from what the device holds
-    (a request's tables grow once a block, not once a step)."""
-    st, bs = buf.stage, buf.block_size
-    st.wait()
-    buf.laid = None
-    h, R = st.np, len(seqs)
-    k = sum(lens)
-    tabs = ([s.window_table for s in seqs], [s.table for s in seqs])
-    fresh = not tables_sent(buf, seqs)
-    if fresh:
-        buf.sent_tables = None                          # the host rows no longer match the device until they are sent
-        for name, tab in zip(("window_tables", "tables"), tabs):
-            rows, tl = h[name], np.fromiter(map(len, tab), np.int64, R)
-            rows[:R] = -1                               # past a table's end: no block (never a stale one)
-            if tl.sum():
-                col = np.arange(int(tl.sum())) - np.repeat(np.cumsum(tl) - tl, tl)
-                rows[np.repeat(np.arange(R), tl), col] = np.fromiter(itertools.chain.from_iterable(tab), rows.dtype, int(tl.sum()))
-    P = h["packed"]
-    if k: P[:k, :6] = _token_rows(seqs, lens, bs) if k <= SMALL_STEP else _token_rows_np(seqs, lens, k, bs, h["window_tables"])
-    P[k:n, :7] = (-1, -1, -1, scratch_slot, -1, 0, 0)   # padding rows: nothing to attend, write or read
-    la = np.fromiter(lens, np.int64, R)                 # per request: its first row, its tokens after it
-    P[:R, 7], P[:R, 8] = np.cumsum(la) - la, la - 1
-    P[R:n, 7:] = 0
-    device_ids = torch.is_tensor(ids)
-    if not device_ids: P[:k, 6] = ids
-    st.send(buf.packed, "packed", n)
-    if fresh:
-        st.send(buf.window_tables, "window_tables", R); st.send(buf.tables, "tables", R)
-        buf.sent_tables = tuple([list(t) for t in tab] for tab in tabs)
-    st.sent()
-    if device_ids: buf.packed[:k, 6].copy_(ids, non_blocking=True)
-
-# %% ../../nbs/22_cuda_graphs.ipynb #34d5b77b
-def compress_tokens(comp, x: torch.Tensor, pos: torch.Tensor, ring: tuple[torch.Tensor, torch.Tensor],
-                    ring_slot: torch.Tensor, inv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For tokens `x [N, D]` at positions `pos [N]` (≥ 0): update the rings, and return `(entries [N, dim],
-    complete [N] bool)` — each token's pooled, normed, roped window ending at it, valid where `complete`."""
-    r, R, d = comp.ratio, ring[0].shape[1], comp.dim
-    kv, sc = (t[0] for t in comp.project(x[None], pos))
-    ring[0][ring_slot, pos % R], ring[1][ring_slot, pos % R] = kv, sc
-    span = (2 if comp.overlap else 1) * r
-    q = pos[:, None] + 1 - span + torch.arange(span, device=x.device)            # [N, span] positions read
-    gkv, gsc = ring[0][ring_slot[:, None], q % R], ring[1][ring_slot[:, None], q % R]
-    if comp.overlap:   # previous window's low half, then this window's high half
-        before = (q[:, :r] < 0)[..., None]
-        gkv = torch.cat([gkv[:, :r, :d].masked_fill(before, 0.0), gkv[:, r:, d:]], dim=1)
-        gsc = torch.cat([gsc[:, :r, :d].masked_fill(before, float("-inf")), gsc[:, r:, d:]], dim=1)
-    pooled = (gkv * gsc.softmax(dim=1)).sum(dim=1)                                # [N, dim]
-    first = ((pos + 1) // r - 1).clamp(min=0) * r                                 # the entry's first token position
-    cos, sin = rope_cos_sin(inv, first)
-    return apply_rope(comp.norm(pooled), cos, sin), (pos + 1) % r == 0
-
-def store_entries(cache: PagedKVCache, pool: torch.Tensor, tables: torch.Tensor, tok_req: torch.Tensor,
-                  pos: torch.Tensor, write: torch.Tensor, new: torch.Tensor, ratio: int, index: bool = False,
-                  sim: bool = False) -> None:
-    "Write each token's entry where `write`, else into the scratch block (no data-dependent shapes)."
-    if sim: new = fake_quant_index(new) if index else fake_quant_kv(new, cache.cfg.qk_rope_head_dim)
-    bs = cache.cc.block_size
-    first = ((pos + 1) // ratio - 1).clamp(min=0) * ratio
-    blk = tables[tok_req.clamp(min=0).long(), first // bs].long()
-    blk = torch.where(write, blk, cache.scratch_block)
-    cache.write(pool, blk, torch.where(write, (first % bs) // ratio, 0), new, index)
-
-
-def entry_store(cache: PagedKVCache, pool: torch.Tensor, meta, pos: torch.Tensor, ratio: int, index: bool) -> Callable:
-    "`compress_chunks_`'s `store` callback for a quantised cache: `store_entries` of the rows it is told are new."
-    return lambda new, done: store_entries(cache, pool, meta.tables, meta.tok_req, pos, done, new, ratio, index=index, sim=True)
-
-# %% ../../nbs/22_cuda_graphs.ipynb #81bebdc7
-@dataclass
-class StepView:
-    "What every layer of one step needs: the kernels' metadata and per-token positions derived once."
-    meta: BatchMeta
-    pos: torch.Tensor        # [N] int64, padding clamped to 0
-    live: torch.Tensor       # [N] bool
-    ring_slot: torch.Tensor  # [N] int64
-    last: torch.Tensor       # [N] int64 the last position of each token's request in the step
-    pooled: torch.Tensor     # [N] int64 each token's request's `pooled_upto`
-    ragged: bool = False     # chunks may be longer than the rings' lookahead (a prefill step)
-    angles: dict = field(default_factory=dict)   # (cos, sin) per RoPE table, computed by the first layer that uses it
-
-    @classmethod
-    def of(cls, buf: StepBuffers, n: int, ragged: bool = False) -> "StepView":
-        meta = buf.meta(n)
-        return cls(meta, meta.tok_pos.long().clamp(min=0), meta.tok_pos >= 0, buf.ring_slot[:n], buf.last[:n],
-                   buf.pooled[:n], ragged)
-
-    def rope(self, inv: torch.Tensor, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin at the step's positions for a layer's table. A model has two tables (`rope_inv_freq`: sliding,
-        compressed), so a step computes each once instead of once per layer."""
-        if compressed not in self.angles:
-            self.angles[compressed] = rope_cos_sin(inv, self.pos)
-        return self.angles[compressed]
-
-    def unrope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for the inverse rotation of the attention output (after `rope` for the same table): the kernel
-        negates the angle itself (`inverse=True`), so no `-sin` launch."""
-        return self.angles[compressed]
-
-def x_linears(attn: Attention) -> list[nn.Linear]:
-    """The linear maps of a layer's attention that read its input `x`, in a fixed order: `wq_a`, `wkv`, then the
-    compressor's `wkv`, `wgate` and, in a CSA layer, the indexer compressor's `wkv`, `wgate` and `weights_proj`."""
-    out = [attn.wq_a, attn.wkv]
-    if attn.kind != SLIDING: out += [attn.compressor.wkv, attn.compressor.wgate]
-    if attn.kind == CSA: out += [attn.indexer.compressor.wkv, attn.indexer.compressor.wgate, attn.indexer.weights_proj]
-    return out
-
-def x_projections(attn: Attention, x: torch.Tensor) -> list[torch.Tensor]:
-    """`[l(x) for l in x_linears(attn)]`: slices of one GEMM's output once the fast path stacked them
-    (`layers.stack_linears`), else one GEMM each."""
-    ls = x_linears(attn)
-    return stacked_outputs(attn, x, ls) or [l(x) for l in ls]
-
-def compress_static(comp, x: torch.Tensor, st: StepView, cache: PagedKVCache, ring, pool: torch.Tensor, inv: torch.Tensor,
-                    index: bool, sim: bool, proj: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """One compressor's update for the step: the one-launch `kernels_step.compress_step_`; with FP8 rows, or the
-    simulated quantisation, it writes the entries to rows and `store_entries` quantises them into the cache
-    (`compress_tokens` is the torch reference of the same update).
-    A ragged step (chunks longer than the ring's lookahead) takes `compress_chunks_`, which reads the step's own
-    earlier rows from its projections and keeps only each request's last ring-full, and writes no entry below a
-    resumed prefix's `pooled_upto`; with `sim` its entries go through `store_entries`, which quantises them.
-    `proj`: the compressor's `(wkv(x), wgate(x))` when the caller computed them already (`x_projections`)."""
-    meta = st.meta
-    if st.ragged:
-        store = entry_store(cache, pool, meta, st.pos, comp.ratio, index) if sim else None
-        compress_chunks_(comp, x, meta.tok_req, meta.tok_pos, st.ring_slot, st.last, meta.tables, ring, pool, inv,
-                         meta.block_size, cache.scratch_slot, st.pooled, store)
-        return
-    rows = torch.zeros(x.shape[0], comp.dim, dtype=x.dtype, device=x.device) if sim else None   # entries to quantise
-    kv, score = proj if proj is not None else (comp.wkv(x), comp.wgate(x))
-    compress_step_(kv, score, comp.ape, ring, st.ring_slot, meta.tok_req, meta.tok_pos, meta.tables,
-                   pool, comp.norm.weight, inv, comp.ratio, comp.overlap, meta.block_size, comp.norm.eps, out=rows)
-    if sim: store_entries(cache, pool, meta.tables, meta.tok_req, st.pos, st.live & ((st.pos + 1) % comp.ratio == 0),
-                          rows, comp.ratio, index=index, sim=sim)
-
-def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView, cache: PagedKVCache) -> torch.Tensor:
-    "Layer `layer_id` attention for the step's tokens `x [N, D]`, reading and extending `cache`; graph-capturable."
-    cfg, N, meta = attn.cfg, x.shape[0], st.meta
-    inv = attn.inv_freq
-    cos, sin = st.rope(inv, attn.kind != SLIDING)
-    # a decode/verify step: the x-reading projections in one GEMM; a ragged (prefill) step projects each map on its
-    # own, since compress_chunks_ computes the compressors' projections itself
-    px = x_projections(attn, x) if not st.ragged else [attn.wq_a(x), attn.wkv(x)]
-    qr = attn.q_norm(px[0])
-    q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), px[1]
-    sim, rope = cache.cc.fp8 or attn.qat, cfg.qk_rope_head_dim
-    qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)
-    if sim:
-        keep, bs = meta.slots >= 0, meta.block_size
-        blk = torch.where(keep, meta.slots // bs, cache.scratch_window_block)
-        cache.write(cache.window[layer_id], blk, torch.where(keep, meta.slots % bs, 0), fake_quant_kv(kv, rope))
-    entries, idx, r = None, None, 0
-    if attn.kind != SLIDING:
-        r = attn.compressor.ratio
-        compress_static(attn.compressor, x, st, cache, cache.rings[layer_id], cache.entries[layer_id], inv, False, sim,
-                        None if st.ragged else (px[2], px[3]))
-        if attn.kind == CSA:
-            ix = attn.indexer
-            compress_static(ix.compressor, x, st, cache, cache.index_rings[layer_id], cache.index_keys[layer_id], inv, True,
-                            sim, None if st.ragged else (px[4], px[5]))
-            qi = qkv_rope_insert_(ix.wq_b(qr).view(N, ix.heads, ix.dim), cos, sin, cfg.rms_norm_eps, q_norm=False)[0]
-            if sim: qi = fake_quant_index(qi)
-            w = (ix.weights_proj(x) if st.ragged else px[6]).float() * ix.heads ** -0.5
-            keys, ksc = cache.packed(cache.index_keys[layer_id], index=True) if cache.cc.fp8 else (cache.index_keys[layer_id], None)
-            idx = indexer_topk(qi, w, keys, meta, r, ix.dim ** -0.5, cfg.index_topk, key_scales=ksc)
-        entries = cache.entries[layer_id]
-    win, wsc, esc = cache.window[layer_id], None, None
-    if cache.cc.fp8:
-        win, wsc = cache.packed(win)
-        if entries is not None: entries, esc = cache.packed(entries)
-    o = sparse_attention(q, win, attn.attn_sink, meta, cfg.sliding_window, cfg.head_dim ** -0.5, entries, r, idx,
-                         window_scales=wsc, entry_scales=esc, rope_dim=rope if cache.cc.fp8 else 0, splits=None)
-    # inverse RoPE, written in the projection's dtype by the same launch (in place when that is the output's own)
-    ob = None if o.dtype == x.dtype else torch.empty(o.shape, dtype=x.dtype, device=o.device)
-    o = qkv_rope_insert_(o, *st.unrope(attn.kind != SLIDING), cfg.rms_norm_eps, q_norm=False, inverse=True, out=ob)[0]
-    return attn.project_out(o)
-
-# %% ../../nbs/22_cuda_graphs.ipynb #48173354
-@dataclass
-class StepOutputs:
-    logits: torch.Tensor                  # [N, V] fp32 (the head's dtype with `fp32_logits=False`)
-    features: torch.Tensor | None = None  # [N, len(taps)·D] fp32: the DSpark drafter's context features
-    finals: torch.Tensor | None = None    # [N, hc, D]: the MTP layer's input
-
-@torch.no_grad()
-def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: tuple[int, ...] = (),
-                   finals: bool = False, mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head),
-                   context: Callable | None = None, ragged: bool = False,
-                   logits_out: torch.Tensor | None = None, fp32_logits: bool = True) -> StepOutputs:
-    """The target forward of the first `n` rows of `buf` (padding included): no host synchronisation, fixed shapes.
-    `context(ring_slot [n], live [n], features [n, m·D], pos [n], last)`, if given, consumes the tapped features
-    inside the step (the DSpark context-ring update: `DSparkProposer.write_context`); `last` is `None` unless the
-    step is `ragged` (chunks of any length: a prefill), when it is each token's request's last position in the
-    step. `logits_out [≥ n, V]` fp32: write the logits there, so graphs that share it keep no logits of their own
-    (the head's cast to fp32 becomes the copy into it: no extra launch in bf16). `fp32_logits=False`: the head's own
-    dtype, for a caller that only takes the argmax (chapter 28's round: the cast is exact, so the argmax is the same,
-    and it saves a launch)."""
-    buf.unpack(n)                                       # the step's rows, sent as one block, into their fields
-    cfg, st = model.cfg, StepView.of(buf, n, ragged)
-    attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
-    x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
-    feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
-    if context is not None: context(st.ring_slot, st.live, feats, st.pos, st.last if ragged else None)
-    h = mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg)[0]
-    if not fp32_logits: logits = model.head(model.norm(h))
-    elif logits_out is None: logits = model.head_logits(h)
-    else: logits = logits_out[:n].copy_(model.head(model.norm(h)))   # `head_logits` outside batch-invariant mode
-    return StepOutputs(logits, feats, x[0] if finals else None)
+__all__ = ['log', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'Rows', 'GraphRunner', 'DraftGraphs', 'DraftStep']
 
 # %% ../../nbs/22_cuda_graphs.ipynb #5ce9597a
 def bucket_sizes(max_tokens: int) -> list[int]:
@@ -437,21 +96,6 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
 # %% ../../nbs/22_cuda_graphs.ipynb #8167e152
-def _free_bytes() -> int:
-    "Free device memory once the allocator's cached blocks are returned (they would blur a measurement)."
-    torch.cuda.synchronize(); torch.cuda.empty_cache()
-    return torch.cuda.mem_get_info()[0]
-
-def replay_ms(replay: Callable[[], None], reps: int = 5) -> float:
-    "Median device milliseconds of `replay()` (CUDA events, fresh per run; one warm-up run first)."
-    replay(); torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
 class Rows(Sequence):
     """Each request's rows of one step's flat output `[N, ...]`, as views made only when one is asked for. A
     greedy step reads the argmax of `flat` at once; making a view per request cost ~0.1 ms a step at 256."""
@@ -492,36 +136,6 @@ class GraphRunner:
         self.rounds = None               # a `fused_round.RoundGraphs` when a DSpark draft step is captured too
         if capture: self.capture()
 
-    @classmethod
-    def for_runner(cls, runner, max_num_seqs: int, ragged_tokens: int = 0) -> "GraphRunner":
-        """Graphs for an engine's `ModelRunner`: its forward as the eager fallback, its proposer's taps;
-        ragged (prefill) graphs up to `ragged_tokens` tokens."""
-        pr = runner.proposer
-        drafter = getattr(pr, "drafter", None) or getattr(pr, "mtp", None)
-        if drafter is not None:                            # the drafter gets the same fast kernels
-            fast = fast_path(drafter)
-            if hasattr(drafter, "mhc"): drafter.mhc = fast
-        free0 = _free_bytes()
-        if hasattr(pr, "draft_tensors"):                   # DSpark: its greedy draft step
-            try: pr.graphs = DraftGraphs(pr, max_num_seqs)
-            except RuntimeError as e:                      # still correct without: the batched eager draft step
-                log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
-        elif hasattr(pr, "propose_graphed"):               # MTP: its greedy drafting (chapter 30)
-            from dspark.runtime.mtp_graphs import MTPGraphs
-            try: pr.graphs = MTPGraphs(pr, max_num_seqs)
-            except RuntimeError as e:
-                log.warning("MTP drafting not captured (%s: %s); drafting eagerly", type(e).__name__, e)
-        draft_bytes = free0 - _free_bytes()
-        g = cls(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
-                runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
-                context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
-        g.graph_bytes += draft_bytes                       # the draft step's graphs count too
-        if hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 28: a DSpark round in one graph
-            from dspark.runtime.fused_round import RoundGraphs
-            g.rounds = RoundGraphs(g, pr)
-            g.graph_bytes += g.rounds.graph_bytes
-        return g
-
     def summary(self) -> str:
         rounds = f", {len(self.rounds.graphs)} fused DSpark rounds" if self.rounds else ""
         if self.ragged: rounds += f", {len(self.ragged)} prefill steps of {self.ragged_sizes[0]}..{self.ragged_sizes[-1]} tokens"
@@ -542,27 +156,20 @@ class GraphRunner:
     def capture(self) -> None:
         "Warm up, then capture one graph per bucket (ragged ones, then the rest, largest first, one shared pool)."
         import time
-        t0, free0 = time.perf_counter(), _free_bytes()
+        t0, free0 = time.perf_counter(), free_bytes()
         self.pool = torch.cuda.graph_pool_handle()
         plan = [(n, True) for n in self.ragged_sizes] + [(n, False) for n in self.sizes]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):                      # compile the Triton kernels, warm the allocator
-            for n, ragged in plan: self._pad_only(n); self.run(n, ragged); self.run(n, ragged)
-        torch.cuda.current_stream().wait_stream(side)
-        for n, ragged in sorted(plan, reverse=True):
-            self._pad_only(n)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool): out = self.run(n, ragged)
-            (self.ragged if ragged else self.graphs)[n] = (g, out)
+        captured = capture_graphs(lambda key: self.run(*key), plan, self.pool, prepare=lambda key: self._pad_only(key[0]),
+                                  warmups=2)                # two warm-ups: compile the Triton kernels, warm the allocator
+        for (n, ragged), g in captured.items(): (self.ragged if ragged else self.graphs)[n] = g
         self.capture_s = time.perf_counter() - t0
-        self.graph_bytes = free0 - _free_bytes() + self.logits.nbytes        # the shared logits: allocated before `free0`
+        self.graph_bytes = free0 - free_bytes() + self.logits.nbytes        # the shared logits: allocated before `free0`
 
     def step_ms(self, n: int, reps: int = 5) -> float:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
         scratch sinks): what a verify step of `n` tokens costs, for capacity control's SPS curve."""
         self._pad_only(n)
-        return replay_ms(self.graphs[n][0].replay, reps)
+        return device_ms(self.graphs[n][0].replay, reps)
 
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
         "Whether a step fits a captured graph (see above)."
@@ -607,23 +214,6 @@ class GraphRunner:
         return Rows(out.logits[:N], bounds)
 
 # %% ../../nbs/22_cuda_graphs.ipynb #6112f064
-def capture_buckets(run: Callable[[int], object], sizes: list[int], capture: bool = True) -> dict:
-    """`{n: (graph, outputs)}`: one CUDA graph of `run(n)` per bucket `n`, after a warm-up on a side stream (which
-    compiles the kernels), captured largest first into one pool. `capture=False` gives `{n: (None, run)}`: the
-    caller runs the same step eagerly on the same buffers (CPU tests of a buffer layout)."""
-    if not capture: return {n: (None, run) for n in sizes}
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for n in sizes: run(n)
-    torch.cuda.current_stream().wait_stream(side)
-    pool, graphs = torch.cuda.graph_pool_handle(), {}
-    for n in sorted(sizes, reverse=True):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool): out = run(n)
-        graphs[n] = (g, out)
-    return graphs
-
 class DraftGraphs:
     """CUDA graphs of the DSpark draft step for the block size's drafts, one per request-count bucket: the greedy
     step (`DSparkProposer.draft_tensors`), and the sampled step (`draft_rows`) with and without top-k/top-p,
@@ -650,14 +240,14 @@ class DraftGraphs:
         return RowParams(self.temperature[:n], self.seed[:n], self.top_k[:n] if filtered else None,
                          self.top_p[:n] if filtered else None, greedy=True)
 
-    def _capture(self, run) -> dict: return capture_buckets(run, self.sizes, self.capture)
+    def _capture(self, run) -> dict: return capture_graphs(run, self.sizes, capture=self.capture)
 
     def fits(self, reqs: int, n: int) -> bool: return reqs <= self.sizes[-1] and n <= self.K
 
     def step_ms(self, reqs: int, reps: int = 5) -> float:
         "Median device milliseconds of the greedy draft step for `reqs` requests (it only reads the rings)."
         n = next(s for s in self.sizes if s >= reqs)
-        return replay_ms(self.graphs[n][0].replay, reps)
+        return device_ms(self.graphs[n][0].replay, reps)
 
     def _fill(self, slots: list[int], anchors: list[int], P: list[int], sampling: tuple | None) -> int:
         """Lay the requests into the buffers (asynchronously, from the pinned stage) and return the bucket. Padding
@@ -727,63 +317,3 @@ class DraftStep:
     def drafts(self) -> tuple[list[list[int]], list[bool], list]:
         if self._drafts is None: self._drafts = self._fetch()
         return self._drafts
-
-# %% ../../nbs/22_cuda_graphs.ipynb #21c3df06
-@dataclass
-class MemoryProfile:
-    "Where the GPU's memory goes, measured at start-up (bytes)."
-    total: int
-    utilization: float
-    weights: int          # torch allocations after loading: weights and buffers
-    other: int            # used outside torch's allocator: the CUDA context, libraries
-    activations: int      # peak working memory of the largest eager step
-    step_tokens: int      # that step's tokens
-    graph_reserve: int    # held back for the captured graphs' pool
-    kv_budget: int
-    graphs: int | None = None   # measured after capture
-
-    def summary(self, kv_tokens: int, max_model_len: int) -> str:
-        g = lambda b: f"{b / 2**30:.2f} GiB"
-        used = "" if self.graphs is None else f" (used {g(self.graphs)})"
-        return (f"GPU memory: {g(self.total)} x {self.utilization:.2f}; weights {g(self.weights)}, outside torch "
-                f"{g(self.other)}, activations of a {self.step_tokens}-token step {g(self.activations)}, graph reserve "
-                f"{g(self.graph_reserve)}{used}, KV cache {g(self.kv_budget)} = {kv_tokens} tokens, max concurrency "
-                f"{kv_tokens / max_model_len:.2f}x at max_model_len={max_model_len}")
-
-@torch.no_grad()
-def step_peak_bytes(model, forward: Callable, tokens: int, max_model_len: int, block_size: int, dtype: torch.dtype,
-                    taps: tuple[int, ...] = ()) -> int:
-    """Peak working memory of one eager prefill step of `tokens` tokens (split into sequences of at most
-    `max_model_len`), against a scratch cache that is allocated before and freed after the measurement."""
-    from dspark.cache.kv_cache import CacheConfig
-    dev, cfg = model.embed.weight.device, model.cfg
-    lens = [min(max_model_len, tokens - a) for a in range(0, tokens, max_model_len)]
-    per = math.ceil(max(lens) / block_size) + 1
-    cache = PagedKVCache(cfg, CacheConfig(block_size, len(lens) * per, len(lens) * per, len(lens), 0, dtype), dev)
-    tables = [list(range(i * per, (i + 1) * per)) for i in range(len(lens))]
-    chunks = [torch.randint(0, cfg.vocab_size, (n,), device=dev) for n in lens]
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    feats: list[torch.Tensor] = []
-    forward(model, cache, chunks, [SeqView(t, t, i, 0) for i, t in enumerate(tables)], taps, feats)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del cache, feats, chunks
-    torch.cuda.empty_cache()
-    return peak
-
-def profile_memory(model, forward: Callable, utilization: float, max_batched_tokens: int, graph_tokens: int,
-                   max_model_len: int, block_size: int, dtype: torch.dtype, taps: tuple[int, ...] = ()) -> MemoryProfile:
-    "Measure the weights and the working memory, then size the KV budget from `utilization` (see above)."
-    torch.cuda.synchronize(); torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    weights, other = torch.cuda.memory_allocated(), total - free - torch.cuda.memory_reserved()
-    run = lambda n: step_peak_bytes(model, forward, n, max_model_len, block_size, dtype, taps)
-    act = run(max_batched_tokens)
-    # The graphs' pool holds the largest bucket's working memory, the draft step's, and every graph's kernel
-    # parameters (~1,000 nodes a graph, one graph a bucket): the eager peak of the largest step, doubled,
-    # plus a fixed 256 MiB. The real footprint is measured after capture and printed beside it.
-    graph = 2 * run(graph_tokens) + 256 * 2**20 if graph_tokens else 0
-    free = _free_bytes()
-    budget = int(utilization * total) - (total - free) - act - graph
-    return MemoryProfile(total, utilization, weights, other, act, max_batched_tokens, graph, max(0, budget))

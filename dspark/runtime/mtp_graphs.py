@@ -11,7 +11,9 @@ import itertools
 
 import torch
 
-from .graphs import HostStage, bucket_sizes, capture_buckets
+from .buffers import HostStage
+from .graphs import bucket_sizes
+from ..timing import capture_graphs
 
 
 # %% auto #0
@@ -37,7 +39,7 @@ class MTPGraphs:
         names = ("next_ids", "positions", "row_req", "slots", "first", "last", "start", "last_row", "live")
         self.stage = HostStage({k: getattr(self, k) for k in names})
         self.sizes, self.replays = bucket_sizes(max_num_seqs), 0
-        self.graphs = capture_buckets(self.run, self.sizes, capture)
+        self.graphs = capture_graphs(self.run, self.sizes, capture=capture)
 
     @torch.no_grad()      # with autograd on, the MoE would take its reference loop, which reads expert ids back
     def run(self, b: int) -> torch.Tensor:

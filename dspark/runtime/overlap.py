@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import GraphRunner, fill_layout
+from .buffers import fill_layout
+from .graphs import GraphRunner
 from ..cache.kv_cache import SeqView
 
 # %% auto #0
