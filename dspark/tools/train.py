@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.attention import Attention, compressed_visible, sink_attention, window_mask
-from ..model.checkpoint import _KEEP_FP32, EOS, NOISE, _encode, save_tokenizer, train_tokenizer
+from ..model.checkpoint import KEEP_FP32, EOS, NOISE, encode_tensor, save_tokenizer, train_tokenizer
 from ..config import CSA, ModelConfig, from_dict, save_config
 from ..model.drafter import DSparkDrafter
 from ..model.layers import Gate, hc_head, hc_post, hc_pre, rope_cos_sin
@@ -117,7 +117,7 @@ def checkpoint_bytes(cfg: ModelConfig) -> dict[str, int]:
     "Bytes each part takes in a bf16 checkpoint (hc parameters, sinks and gate biases stay fp32)."
     from dspark.model.checkpoint import draft_shapes
     with torch.device("meta"): t = Transformer(cfg).state_dict()
-    size = lambda k, shape: _encode(k, torch.empty(shape, device="meta", dtype=torch.float32 if "tid2eid" not in k else torch.int64), "bfloat16")[k].nbytes
+    size = lambda k, shape: encode_tensor(k, torch.empty(shape, device="meta", dtype=torch.float32 if "tid2eid" not in k else torch.int64), "bfloat16")[k].nbytes
     parts = {"target": {k: tuple(v.shape) for k, v in t.items()}, "dspark": draft_shapes(cfg, "dspark"),
              "mtp": draft_shapes(mtp_config(cfg), "mtp")}
     return {n: sum(size(k, s) for k, s in shapes.items()) for n, shapes in parts.items()}
@@ -424,7 +424,7 @@ def _write_shards(path: Path, shards: dict[str, dict[str, torch.Tensor]], extern
     wm, total = dict(extern or {}), 0
     for fname, state in shards.items():
         enc = {}
-        for k, t in state.items(): enc.update(_encode(k, t.detach().cpu(), "bfloat16"))
+        for k, t in state.items(): enc.update(encode_tensor(k, t.detach().cpu(), "bfloat16"))
         save_file(enc, path / fname, metadata={"format": "pt"})
         wm.update({k: fname for k in enc}); total += sum(t.numel() * t.element_size() for t in enc.values())
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
@@ -606,7 +606,7 @@ def main(argv=None) -> dict:
                             "tokens": (h_t[-1]["step"] if h_t else 0) * args.batch * args.seq_len,
                             "final": _final(h_t, ("loss", "lm", "indexer_kl", "load_max_over_mean"))}
     # the drafters learn against the target as shipped: bf16 weights
-    target.load_state_dict({k: v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() and not _KEEP_FP32.search(k) else v
+    target.load_state_dict({k: v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() and not KEEP_FP32.search(k) else v
                             for k, v in target.state_dict().items()})
     target.requires_grad_(False).eval()
     t0, g, data = time.perf_counter(), torch.Generator().manual_seed(args.seed + 1), []
