@@ -5,7 +5,7 @@ WAVES=N runs a steady load instead of closed batches: N x C requests, at most C 
 OUT=. [CONC="1 64"] [REPEATS=9] [TOKENS=256] [WAVES=1] [NAME=capacity_paired] python capacity_paired.py"""
 import json, os, statistics, time, torch
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import capacity_sweep
+from dspark.tools.capacity_sweep import capacity_sweep
 OUT = os.environ["OUT"]
 t0 = time.time()
 CONC = tuple(int(c) for c in os.environ.get("CONC", "1 4 16 64").split())

@@ -2,7 +2,7 @@
 DSpark) and 128 on the medium preset, after a warm-up; the functions with the most own time. OUT=. python host_profile.py"""
 import cProfile, io, json, os, pstats, tempfile, time, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name()}
 prompt = sweep_prompts(DEFAULT_MODEL, 1, 128)[0]

@@ -2,7 +2,7 @@
 import time, json, os, io, cProfile, pstats, statistics, torch, dspark
 from torch.profiler import profile, ProfilerActivity
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 print({k: v for k, v in os.environ.items() if "CUDA" in k or "TORCH" in k or "TRITON" in k})
 print(open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0], os.cpu_count())
 prompts = sweep_prompts(DEFAULT_MODEL, 8, 128)

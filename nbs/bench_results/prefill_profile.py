@@ -2,7 +2,7 @@
 import tempfile, time, json, os, io, cProfile, pstats, collections, statistics, torch, dspark
 from torch.profiler import profile, ProfilerActivity
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 OUT = os.environ["OUT"]; res = {}
 def gpu(fn):
     torch.cuda.synchronize()

@@ -29,7 +29,7 @@ if os.environ.get("MED", "1") == "1":
     del llm; torch.cuda.empty_cache()
 if os.environ.get("DS", "1") == "1":
     from dspark.model.checkpoint import DEFAULT_MODEL
-    from dspark.spec.controller import sweep_prompts
+    from dspark.tools.capacity_sweep import sweep_prompts
     prompts = sweep_prompts(DEFAULT_MODEL, 2, 128)
     for mode in ("none", "dspark"):
         llm = dspark.LLM(DEFAULT_MODEL, speculative=None if mode == "none" else mode, device="cuda", dtype="bfloat16",

@@ -2,7 +2,7 @@
 no-spec and DSpark, top entries by cumulative time, plus per-step wall time. Prints only."""
 import cProfile, io, os, pstats, sys, time
 import torch, dspark
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 MODEL = os.path.abspath("dspark/models/default")
 prompts = sweep_prompts(MODEL, 4, 128)

@@ -2,7 +2,7 @@
 import time, json, os, torch, dspark
 from collections import defaultdict
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 import dspark.engine.core as E
 T = defaultdict(float)
