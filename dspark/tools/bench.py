@@ -296,9 +296,9 @@ def format_table(rec: dict) -> str:
 
 # %% ../../nbs/35_bench.ipynb #133b47bc
 def _default_model_prompts(path: Path, n: int, length: int) -> list[list[int]]:
-    "Held-out standard-library code, tokenised with the default model's tokenizer (`dspark.tools.train`'s split)."
+    "Held-out standard-library code, tokenised with the default model's tokenizer (`dspark.tools.corpus`'s split)."
     from tokenizers import Tokenizer as HFTokenizer
-    from dspark.tools.train import corpus_files, heldout_prompts, read_texts, split_files, stdlib_root
+    from dspark.tools.corpus import corpus_files, heldout_prompts, read_texts, split_files, stdlib_root
     root = stdlib_root()
     _, held = split_files(corpus_files(root))
     tok = HFTokenizer.from_file(str(path / "tokenizer.json"))

@@ -19,14 +19,14 @@ from ..sample.sampling import SamplingParams
 from ..spec.controller import CapacityStats
 from ..tokenizer import Tokenizer
 from .bench import timed_batch
-from .train import corpus_files, read_texts, split_files, stdlib_root
+from .corpus import corpus_files, read_texts, split_files, stdlib_root
 
 # %% auto #0
 __all__ = ['sweep_prompts', 'capacity_sweep', 'capacity_attached', 'sweep_run', 'capacity_counts']
 
 # %% ../../nbs/35b_capacity_sweep.ipynb #bb470e9a
 def sweep_prompts(model: str | Path, n: int, length: int = 128) -> list[list[int]]:
-    "`n` prompts of `length` tokens, evenly spaced windows over held-out standard-library files (`dspark.tools.train`'s split)."
+    "`n` prompts of `length` tokens, evenly spaced windows over held-out standard-library files (`dspark.tools.corpus`'s split)."
     tok, root = Tokenizer.from_dir(model), stdlib_root()
     ids: list[int] = []
     for text in read_texts(root, split_files(corpus_files(root))[1]):
