@@ -3,7 +3,7 @@ requested number of requests in flight and serves them all, and the command line
 import pytest
 
 import dspark
-from dspark.tools.bench import _timed_batch, format_table, parse_args, run_bench
+from dspark.tools.bench import timed_batch, format_table, parse_args, run_bench
 from dspark.sample.sampling import SamplingParams
 
 
@@ -22,7 +22,7 @@ def test_steady_load_keeps_c_in_flight(ck, spec):
     llm.step = watched
     prompts = [[2 + i, 3 + i, 4 + i, 5] for i in range(7)]
     sps = [SamplingParams(temperature=0.0, max_tokens=3 + i % 3, ignore_eos=True) for i in range(7)]
-    _, _, outs = _timed_batch(llm, prompts, sps, False, "cpu", concurrency=3)
+    _, _, outs = timed_batch(llm, prompts, sps, False, "cpu", concurrency=3)
     assert [len(o.outputs[0].token_ids) for o in outs] == [3 + i % 3 for i in range(7)]
     assert max(in_flight) == 3 and in_flight[0] == 3          # never more than 3, and 3 from the start
     ref = llm.generate(prompts, sps, use_tqdm=False)           # the same tokens as a closed batch

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import dspark
-from dspark.spec.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, eager_verify_fit,
+from dspark.spec.capacity import (LaggedBudget, SPSCurve, admit_top, batch_survival, eager_verify_fit,
                              first_token_law, global_lengths, scheduler_lengths, search_budget, threshold_lengths)
-from dspark.spec.controller import CapacityConfig, capacity_sweep
+from dspark.spec.device_policy import DeviceAllocator
+from dspark.spec.controller import CapacityConfig
+from dspark.tools.capacity_sweep import capacity_sweep
 from dspark.engine.core import LLM
 from dspark.engine.metrics import EngineMetrics, scrape
 from dspark.sample.sampling import SamplingParams

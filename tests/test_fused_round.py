@@ -69,7 +69,7 @@ def reference_kernels(monkeypatch):
 def test_fused_rounds_match_the_eager_engine(reference_kernels):
     """The trained default model, whose drafter gets drafts accepted: rounds end with none, some and all accepted.
     γ = 3 of the drafter's 5: a round's drafts are cut to the engine's depth (and to what max_tokens leaves)."""
-    from dspark.spec.controller import sweep_prompts
+    from dspark.tools.capacity_sweep import sweep_prompts
     from dspark.model.checkpoint import DEFAULT_MODEL
     prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 3, 40), (40, 23, 31))]   # held-out Python source
     sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (22, 9, 17)]   # rooms shrink at the end

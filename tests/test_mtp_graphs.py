@@ -7,7 +7,7 @@ import torch
 
 import dspark
 from dspark import LLM, SamplingParams
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.engine.core import next_ids
 from dspark.model.mtp import MTPRing, load_mtp

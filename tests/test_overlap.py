@@ -109,7 +109,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     the host's bookkeeping of the last one changes no token, draft or acceptance count. Rooms shrink at the end
     (max_tokens), one request stops on a token mid-run, and a request arriving mid-run waits one round (the round
     launched ahead is taken, nothing more is launched while it waits) instead of dropping one."""
-    from dspark.spec.controller import sweep_prompts
+    from dspark.tools.capacity_sweep import sweep_prompts
     from dspark.model.checkpoint import DEFAULT_MODEL
     from dspark.runtime.graphs import DraftGraphs
     from dspark.runtime.overlap import RoundAhead
@@ -180,7 +180,7 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
 
 def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
     "`PlainSwitch` on synthetic rates: learns drafting, then plain, keeps the faster, probes, and needs the margin."
-    from dspark.spec.controller import PlainSwitch
+    from dspark.spec.online import PlainSwitch
     sw = PlainSwitch(margin=0.05, probe_every=10, probe_len=2, wide=1.0)   # a 1.67x lead: not "wide" here
     rate = {False: 3.0, True: 5.0}                  # tokens per ms: plain decoding is faster at this load
     modes = []
@@ -202,7 +202,7 @@ def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
 def test_plain_switch_stops_probing_soon_when_one_mode_leads_widely():
     """A probe that confirms the preference by the `wide` lead (here drafting 1.67x plain) sets the interval to its
     maximum at once; within the margin but short of the wide lead (1.2x), it doubles as before."""
-    from dspark.spec.controller import PlainSwitch
+    from dspark.spec.online import PlainSwitch
     for draft_rate, every in ((5.0, 512), (3.6, 256)):       # 1.2x: 64 -> 128 -> 256 after two probes
         sw = PlainSwitch(probe_every=64, probe_len=2, max_probe_every=512)
         for _ in range(300):
@@ -214,7 +214,7 @@ def test_plain_switch_stops_probing_soon_when_one_mode_leads_widely():
 def test_plain_switch_needs_samples_and_backs_off_its_probes():
     """One fast plain step does not make plain decoding preferred (a rate needs `min_samples` steps, averaged), and
     while probes keep confirming drafting they come half as often each time, down to `max_probe_every`."""
-    from dspark.spec.controller import PlainSwitch
+    from dspark.spec.online import PlainSwitch
     sw = PlainSwitch(probe_every=8, probe_len=2, max_probe_every=64)
     plain_rates = iter([10.0] + [3.0] * 1000)             # the first plain step measured fast, the rest slow
     modes = []
@@ -232,9 +232,10 @@ def test_capacity_depth_zero_decodes_plainly_and_resumes_drafting(monkeypatch):
     """Capacity control's depth 0 (emulated graphs): scripted plain/draft decisions; plain steps run as overlapped
     decode steps (`DecodeAhead`, the graphs writing the drafter's context), drafting resumes with rounds, and the
     tokens, acceptance and every scheduled batch equal the synchronous engine's with the same decisions."""
-    from dspark.spec.controller import CapacityConfig, PlainSwitch
+    from dspark.spec.controller import CapacityConfig
+    from dspark.spec.online import PlainSwitch
     from dspark.model.checkpoint import DEFAULT_MODEL
-    from dspark.spec.controller import sweep_prompts
+    from dspark.tools.capacity_sweep import sweep_prompts
     from dspark.runtime.overlap import DecodeAhead, RoundAhead
     from test_fused_round import emulate_rounds
     use_references(monkeypatch)
@@ -310,13 +311,13 @@ def test_capacity_records_only_steps_that_keep_their_mode():
 def test_steady_load_drops_no_step(tiny_ckpt, monkeypatch):
     """A client keeping 3 of 7 requests in flight (the bench's `--waves`): every finish brings an arrival, which waits
     one step behind the step launched ahead instead of dropping it. The tokens are the synchronous engine's."""
-    from dspark.tools.bench import _timed_batch
+    from dspark.tools.bench import timed_batch
     use_references(monkeypatch)
     prompts = [list(range(5 + i, 17 + i)) for i in range(7)]
     params = greedy(*(9 + 4 * i for i in range(7)))
-    sync = _timed_batch(engine(tiny_ckpt, False), prompts, params, False, "cpu", concurrency=3)[2]
+    sync = timed_batch(engine(tiny_ckpt, False), prompts, params, False, "cpu", concurrency=3)[2]
     llm = engine(tiny_ckpt, True)
-    over = _timed_batch(llm, prompts, params, False, "cpu", concurrency=3)[2]
+    over = timed_batch(llm, prompts, params, False, "cpu", concurrency=3)[2]
     assert [o.outputs[0].token_ids for o in over] == [o.outputs[0].token_ids for o in sync]
     assert llm.runner.ahead.dropped == 0 and llm.runner.ahead.used > 40
 

@@ -1,4 +1,4 @@
-"""Training code (dspark.tools.train): train/inference parity of the drafters, loss decreases, shipping layout,
+"""Training code (dspark.tools.corpus, train_model, train): train/inference parity of the drafters, loss decreases, shipping layout,
 and the model that ships inside the package."""
 import json
 from dataclasses import replace
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.tools import train as T
+from dspark.tools import corpus as C, train as T, train_model as M
 from dspark.model.checkpoint import train_tokenizer, tiny_corpus
 from dspark.model.drafter import load_drafter
 from dspark.model.transformer import Transformer
@@ -19,20 +19,20 @@ SMALL = dict(vocab_size=512, hidden_size=64, index_topk=4, moe_intermediate_size
 
 
 def test_split_is_a_function_of_the_path():
-    files = T.corpus_files()
-    train, held = T.split_files(files)
+    files = C.corpus_files()
+    train, held = C.split_files(files)
     assert sorted(train + held) == files and not set(train) & set(held)
     assert 0.02 < len(held) / len(files) < 0.08
-    assert [T.is_heldout(f) for f in held] == [True] * len(held)
-    assert T.is_heldout("bisect.py") and not T.is_heldout("os.py")
+    assert [C.is_heldout(f) for f in held] == [True] * len(held)
+    assert C.is_heldout("bisect.py") and not C.is_heldout("os.py")
 
 
 def test_target_training_forward_is_the_model():
     torch.manual_seed(0)
-    tgt = T.init_weights(Transformer(T.model_config(**SMALL)), seed=0)
+    tgt = M.init_weights(Transformer(M.model_config(**SMALL)), seed=0)
     ids = torch.randint(5, 512, (2, 70))
-    x, taps, kl = T.target_forward(tgt, ids, taps=(3, 5), indexer_loss=True)
-    torch.testing.assert_close(T.final_logits(tgt, x), tgt.logits(ids), rtol=1e-5, atol=1e-5)
+    x, taps, kl = M.target_forward(tgt, ids, taps=(3, 5), indexer_loss=True)
+    torch.testing.assert_close(M.final_logits(tgt, x), tgt.logits(ids), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(taps[3], tgt(ids, taps=(3,))[1][3])
     kl.backward()                                       # the indexer KL reaches the indexer and nothing else
     grads = {n for n, p in tgt.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
@@ -46,7 +46,7 @@ def test_dspark_training_block_equals_engine_block(tiny_ckpt, tiny_model):
     _, taps = tiny_model(ids, taps=tuple(tiny_model.cfg.dspark_target_layer_ids))
     feats = d.features(taps)
     seq, P = torch.tensor([0, 0, 1, 1]), torch.tensor([1, 20, 64, 104])     # below, at and past the window
-    lg, conf = T.dspark_block_train(d, ids, feats, seq, P)
+    lg, conf = M.dspark_block_train(d, ids, feats, seq, P)
     for n in range(len(P)):
         b, p = int(seq[n]), int(P[n])
         ring = DraftContext(d, 1, "cpu"); ring.claim(0, "r")
@@ -56,18 +56,18 @@ def test_dspark_training_block_equals_engine_block(tiny_ckpt, tiny_model):
         torch.testing.assert_close(lg[n], ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(conf[n], cf, rtol=1e-4, atol=1e-4)
     # a causal mask or a shifted anchor would break it: the anchor's own slot must see the whole block
-    lg2, _ = T.dspark_block_train(d, ids, feats, seq[:1], P[:1] + 1)
+    lg2, _ = M.dspark_block_train(d, ids, feats, seq[:1], P[:1] + 1)
     assert not torch.allclose(lg2[0], lg[0])
 
 
 def test_mtp_training_rows_equal_engine_steps():
-    cfg = T.model_config(**SMALL)
-    tgt = T.init_weights(Transformer(cfg), seed=0).eval()
-    m = T.init_weights(MTPDrafter(T.mtp_config(cfg), tgt), seed=1).eval()
+    cfg = M.model_config(**SMALL)
+    tgt = M.init_weights(Transformer(cfg), seed=0).eval()
+    m = M.init_weights(MTPDrafter(M.mtp_config(cfg), tgt), seed=1).eval()
     ids = torch.randint(5, 512, (1, 60), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        x, _, _ = T.target_forward(tgt, ids)
-        rows = T.mtp_train_logits(m, ids, x)
+        x, _, _ = M.target_forward(tgt, ids)
+        rows = M.mtp_train_logits(m, ids, x)
         ring = MTPRing(m.cfg, 1, 4, torch.float32, "cpu"); ring.claim(0, "r")
         a = m.step(x[0, :30], ids[0, 1:31], torch.arange(30), ring, 0)[0]
         b = m.step(x[0, 30:59], ids[0, 31:60], torch.arange(30, 59), ring, 0)[0]
@@ -79,11 +79,11 @@ def test_block_loss_oracles():
     torch.manual_seed(0)
     lg, t = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
     labels, mask = torch.randint(0, 8, (3, 5)), torch.ones(3, 5)
-    _, met = T.block_loss(lg, torch.zeros(3, 5), labels, t, mask)
+    _, met = M.block_loss(lg, torch.zeros(3, 5), labels, t, mask)
     tv = (lg.softmax(-1) - t.softmax(-1)).abs().sum(-1)
     w = torch.exp(-torch.arange(5) / 4.0).expand(3, 5)
     torch.testing.assert_close(met["tv"], (tv * w).sum() / w.sum())
-    _, same = T.block_loss(t, torch.zeros(3, 5), labels, t, mask)
+    _, same = M.block_loss(t, torch.zeros(3, 5), labels, t, mask)
     assert same["tv"] < 1e-6
 
 
@@ -92,17 +92,17 @@ def tiny_trained():
     "A small target and its drafters after a few CPU steps each, with their loss histories."
     torch.manual_seed(0)
     tok = train_tokenizer([tiny_corpus()], 512)
-    stream = T.encode_stream(tok, [tiny_corpus()] * 4)
-    cfg = T.model_config(**SMALL)
-    tgt = T.init_weights(Transformer(cfg), seed=0)
-    h_t = T.train_target(tgt, stream, batch=4, seq_len=64, seed=0, steps=16, lr=3e-3, log_every=4)
+    stream = C.encode_stream(tok, [tiny_corpus()] * 4)
+    cfg = M.model_config(**SMALL)
+    tgt = M.init_weights(Transformer(cfg), seed=0)
+    h_t = M.train_target(tgt, stream, batch=4, seq_len=64, seed=0, steps=16, lr=3e-3, log_every=4)
     tgt.requires_grad_(False).eval()
     g = torch.Generator().manual_seed(0)
-    data = [T.distill_batch(tgt, stream, 8, 24, 16, 0.0, g)]
-    d = T.init_weights(dspark.model.drafter.DSparkDrafter(cfg, tgt), seed=1)
-    h_d = T.train_dspark(d, data, seqs=8, anchors=8, seed=0, steps=16, lr=3e-3, log_every=4)
-    m = T.init_weights(MTPDrafter(T.mtp_config(cfg), tgt), seed=2)
-    h_m = T.train_mtp(m, data, seqs=8, seed=0, steps=16, lr=3e-3, log_every=4)
+    data = [M.distill_batch(tgt, stream, 8, 24, 16, 0.0, g)]
+    d = M.init_weights(dspark.model.drafter.DSparkDrafter(cfg, tgt), seed=1)
+    h_d = M.train_dspark(d, data, seqs=8, anchors=8, seed=0, steps=16, lr=3e-3, log_every=4)
+    m = M.init_weights(MTPDrafter(M.mtp_config(cfg), tgt), seed=2)
+    h_m = M.train_mtp(m, data, seqs=8, seed=0, steps=16, lr=3e-3, log_every=4)
     return tok, tgt, d, m, h_t, h_d, h_m
 
 

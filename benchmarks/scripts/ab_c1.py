@@ -1,7 +1,7 @@
 "C1 A/B on the default model (bf16, graphs): no-spec and DSpark (fused rounds) alternated in one process, 7 repeats."
 import json, os, time, statistics, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]
 prompts = sweep_prompts(DEFAULT_MODEL, 7, 128)

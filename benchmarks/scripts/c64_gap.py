@@ -8,8 +8,8 @@ times). `dspark_late0` is the `dspark` engine with `draft_ahead` off (a request'
 round is laid out, as before chapter 31 launched that round behind the draft step). Greedy tokens of every DSpark
 cell are compared with the no-spec engine's. OUT=. [REPEATS=5] [CONC="64 1"] [BENCH_RUNS=1] [NAME=c64_gap] python c64_gap.py"""
 import json, os, statistics, time, torch
-from dspark.tools.bench import _default_model_prompts, _timed_batch, decode_run, machine
-from dspark.spec.controller import _capacity_attached, sweep_prompts
+from dspark.tools.bench import _default_model_prompts, timed_batch, decode_run, machine
+from dspark.tools.capacity_sweep import capacity_attached, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.engine.core import LLM, frozen_heap
 from dspark.sample.sampling import SamplingParams
@@ -43,7 +43,7 @@ def one(llm, P, c, per_step, ahead):
     llm.runner.draft_ahead = ahead
     sps = [SamplingParams(temperature=0, max_tokens=128, ignore_eos=True, seed=i) for i in range(c)]
     b = llm.spec_stats()
-    wall, steps, outs = _timed_batch(llm, P[:c], sps, per_step, "cuda")
+    wall, steps, outs = timed_batch(llm, P[:c], sps, per_step, "cuda")
     a = llm.spec_stats()
     d = a["num_drafts"] - b["num_drafts"]
     acc = 1 + (a["num_accepted_tokens"] - b["num_accepted_tokens"]) / d if d else 1.0
@@ -56,12 +56,12 @@ for c in CONC:
         for rep in range(REPEATS):
             for e in (order if rep % 2 == 0 else order[::-1]):
                 llm, on, ahead = engines[e]
-                with _capacity_attached(llm, on), frozen_heap():
+                with capacity_attached(llm, on), frozen_heap():
                     wall, _, acc, toks = one(llm, P, c, False, ahead)
                 runs[e].append((sum(map(len, toks)) / wall, acc))
         for e in order:
             llm, on, ahead = engines[e]
-            with _capacity_attached(llm, on), frozen_heap():
+            with capacity_attached(llm, on), frozen_heap():
                 _, steps, acc, toks = one(llm, P, c, True, ahead)
             if e == "none": ref = toks
             pre = [round(1e3 * t, 3) for t, p in steps if p]

@@ -1,7 +1,7 @@
 "Per-step anatomy of the bench's C64 run (default model, bf16): why DSpark loses to no-spec there."
 import json, os, time, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 from dspark.tools.bench import decode_run
 OUT = os.environ["OUT"]

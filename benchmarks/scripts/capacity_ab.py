@@ -5,7 +5,7 @@ capacity control with its plain switch detached. Per run: tok/s, engine steps, r
 and behind a draft step) and dropped, plain steps, and the host time spent inside the controller.
 OUT=. [C=64] [WAVES=4] [REPEATS=8] [TOKENS=128] [NAME=capacity_ab] python capacity_ab.py"""
 import collections, json, os, statistics, time, torch
-from dspark.spec.controller import _capacity_attached, _sweep_run
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run
 from dspark.engine.core import frozen_heap
 from steady_engine import steady_engine
 
@@ -37,8 +37,8 @@ for rep in range(REPEATS + 1):                      # rep 0 learns the switch's 
         cap.switch = None if arm == "capacity_noswitch" else switch
         c0 = (ra.used, ra.dropped, ra.first, da.used if da else 0, da.dropped if da else 0, nsteps[0])
         inside.clear()
-        with _capacity_attached(llm, arm.startswith("capacity")), frozen_heap():
-            r = _sweep_run(llm, arm, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
+        with capacity_attached(llm, arm.startswith("capacity")), frozen_heap():
+            r = sweep_run(llm, arm, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
         c1 = (ra.used, ra.dropped, ra.first, da.used if da else 0, da.dropped if da else 0, nsteps[0])
         r.update(dict(zip(("rounds_ahead_used", "rounds_ahead_dropped", "first_rounds", "decode_ahead_used",
                            "decode_ahead_dropped", "steps"), (b - a for a, b in zip(c0, c1)))),

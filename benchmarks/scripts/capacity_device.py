@@ -6,8 +6,10 @@ each); three arms taking turns in a rotating order: fixed K (controller detached
 capacity with the host policy. Per run: tok/s, decisions by side, kept/proposed drafts, host time inside `apply`.
 OUT=. [C=64] [WAVES=4] [REPEATS=5] [TOKENS=128] [NAME=capacity_device] python capacity_device.py"""
 import collections, json, os, statistics, time, torch, dspark
-from dspark.spec.capacity import DeviceAllocator, LaggedBudget, SPSCurve, batch_survival, scheduler_lengths, search_budget, threshold_lengths
-from dspark.spec.controller import CapacityConfig, _capacity_attached, _sweep_run, sweep_prompts
+from dspark.spec.capacity import LaggedBudget, SPSCurve, batch_survival, scheduler_lengths, search_budget, threshold_lengths
+from dspark.spec.device_policy import DeviceAllocator
+from dspark.spec.controller import CapacityConfig
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.engine.core import frozen_heap
 
@@ -70,8 +72,8 @@ for rep in range(REPEATS + 1):                       # rep 0 warms every arm (an
         s0 = (cap.stats.device_decisions, cap.stats.host_decisions)
         a0 = (ra.used, ra.dropped, ra.first) if ra is not None else (0, 0, 0)
         spent.clear()
-        with _capacity_attached(llm, arm != "fixed"), frozen_heap():
-            r = _sweep_run(llm, arm, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
+        with capacity_attached(llm, arm != "fixed"), frozen_heap():
+            r = sweep_run(llm, arm, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
         r.pop("switch_rates", None)
         r.update(device_decisions=cap.stats.device_decisions - s0[0], host_decisions=cap.stats.host_decisions - s0[1],
                  apply_ms=round(1e3 * spent["apply"], 2), observe_ms=round(1e3 * spent["observe"], 2),

@@ -9,7 +9,7 @@ pkg = os.path.abspath(os.environ.get("PKG_DIR", os.path.join(os.path.dirname(__f
 sys.path.insert(0, pkg)
 import torch, dspark
 assert dspark.__file__.startswith(pkg), dspark.__file__
-from dspark.spec.controller import _capacity_attached, _sweep_run, sweep_prompts
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.tools.records import split_raw, write_record
 from dspark.engine.core import LLM
@@ -35,8 +35,8 @@ for c in CONC:
     runs = {"fixed": [], "capacity": []}
     for rep in range(REPEATS):
         for mode in (("fixed", "capacity") if rep % 2 == 0 else ("capacity", "fixed")):
-            with _capacity_attached(llm, mode == "capacity"):
-                r = _sweep_run(llm, mode, c, prompts, 0.0, TOKENS, 0, sync)
+            with capacity_attached(llm, mode == "capacity"):
+                r = sweep_run(llm, mode, c, prompts, 0.0, TOKENS, 0, sync)
             r.pop("switch_rates", None)
             runs[mode].append(r)
     ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(runs["fixed"], runs["capacity"])]

@@ -3,7 +3,8 @@ C16 and C64, 256 tokens a request, three repeats alternating; per run, which gra
 token-count graphs, eager), the controller's counters, and a host profile of one forced C64 run. OUT=. python capacity_forced.py"""
 import cProfile, io, json, os, pstats, statistics, time, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import CapacityConfig, sweep_prompts, _capacity_attached, _sweep_run
+from dspark.spec.controller import CapacityConfig
+from dspark.tools.capacity_sweep import sweep_prompts, capacity_attached, sweep_run
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
 prompts = sweep_prompts(DEFAULT_MODEL, 64, 128)
 llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", capacity=CapacityConfig(activation=2), device="cuda", dtype="bfloat16",
@@ -19,8 +20,8 @@ for c in (16, 64):
     for rep in range(3):
         for mode in (("fixed", "capacity") if rep % 2 == 0 else ("capacity", "fixed")):
             c0 = counts()
-            with _capacity_attached(llm, mode == "capacity"):
-                r = _sweep_run(llm, mode, c, prompts, 0.0, 256, 0, sync)
+            with capacity_attached(llm, mode == "capacity"):
+                r = sweep_run(llm, mode, c, prompts, 0.0, 256, 0, sync)
             r["served"] = {k: v - c0[k] for k, v in counts().items()}
             r["depth"] = llm.runner.capacity.depth
             res["runs"].append(r)
@@ -29,12 +30,12 @@ for c in (16, 64):
             json.dump(res, open(f"{OUT}/capacity_forced.json", "w"), indent=1)
 res["summary_line"] = llm.runner.capacity.summary()
 pr = cProfile.Profile()
-with _capacity_attached(llm, True):
-    pr.enable(); _sweep_run(llm, "capacity", 64, prompts, 0.0, 256, 0, sync); pr.disable()
+with capacity_attached(llm, True):
+    pr.enable(); sweep_run(llm, "capacity", 64, prompts, 0.0, 256, 0, sync); pr.disable()
 s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30); res["profile_capacity_c64"] = s.getvalue()[-7000:]
 pr = cProfile.Profile()
-with _capacity_attached(llm, False):
-    pr.enable(); _sweep_run(llm, "fixed", 64, prompts, 0.0, 256, 0, sync); pr.disable()
+with capacity_attached(llm, False):
+    pr.enable(); sweep_run(llm, "fixed", 64, prompts, 0.0, 256, 0, sync); pr.disable()
 s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30); res["profile_fixed_c64"] = s.getvalue()[-7000:]
 print(res["summary_line"]); print(res["profile_capacity_c64"][-4500:])
 json.dump(res, open(f"{OUT}/capacity_forced.json", "w"), indent=1)

@@ -4,7 +4,7 @@ trained default model, bf16, graphs): `WAVES x C` requests, at most C in flight,
 host's time per step, and a cProfile of the engine's steps (top functions by own time).
 OUT=. [C=64] [WAVES=4] [REPEATS=3] [TOKENS=128] [TOP=22] python capacity_host_profile.py"""
 import collections, cProfile, io, json, os, pstats, statistics, time, torch
-from dspark.spec.controller import _capacity_attached, _sweep_run
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run
 from dspark.engine.core import frozen_heap
 from steady_engine import steady_engine
 
@@ -21,9 +21,9 @@ ra = llm.runner.round_ahead
 for rep in range(REPEATS):
     for mode in (("fixed", "capacity") if rep % 2 == 0 else ("capacity", "fixed")):
         used0, dropped0 = (ra.used, ra.dropped) if ra else (0, 0)
-        with _capacity_attached(llm, mode == "capacity"), frozen_heap():
+        with capacity_attached(llm, mode == "capacity"), frozen_heap():
             profs[mode].enable()
-            r = _sweep_run(llm, mode, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
+            r = sweep_run(llm, mode, C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
             profs[mode].disable()
         r["rounds_ahead_used"], r["rounds_ahead_dropped"] = (ra.used - used0, ra.dropped - dropped0) if ra else (0, 0)
         runs[mode].append({k: v for k, v in r.items() if k != "switch_rates"})

@@ -6,7 +6,7 @@ OUT=. [CONC="1 64"] [REPEATS=9] [TOKENS=256] [WAVES=1] [NAME=capacity_paired] py
 import json, os, statistics, time, torch
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.tools.records import split_raw, write_record
-from dspark.spec.controller import capacity_sweep
+from dspark.tools.capacity_sweep import capacity_sweep
 OUT = os.environ.get("OUT")
 t0 = time.time()
 CONC = tuple(int(c) for c in os.environ.get("CONC", "1 4 16 64").split())

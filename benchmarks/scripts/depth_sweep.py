@@ -4,7 +4,7 @@
 each depth's throughput over K = 5's. Also the SPS curve the K = 5 engine profiled at start-up.
 OUT=. [CONC="16 64"] [WAVES=4] [REPEATS=7] [TOKENS=128] [DEPTHS="5 4 3 2"] [NAME=depth_sweep] python depth_sweep.py"""
 import json, os, statistics, time, torch
-from dspark.spec.controller import _capacity_attached, _sweep_run, sweep_prompts
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.tools.records import split_raw, write_record
 from dspark.engine.core import LLM, frozen_heap
@@ -47,8 +47,8 @@ for c in CONC:
     for rep in range(REPEATS + 1):                      # rep 0 warms every arm at this load: not kept
         order = arms[rep % len(arms):] + arms[:rep % len(arms)]
         for K in order:
-            with _capacity_attached(engines[K], False), frozen_heap():
-                r = _sweep_run(engines[K], f"K{K}", c, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
+            with capacity_attached(engines[K], False), frozen_heap():
+                r = sweep_run(engines[K], f"K{K}", c, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
             if rep: runs[K].append(r)
         print(c, rep, {K: round(runs[K][-1]["tok_s"], 1) for K in arms} if rep else "warm-up", flush=True)
     res["runs"][c] = {f"K{K}": [dict(tok_s=round(r["tok_s"], 1), acceptance=round(r["mean_acceptance_length"], 3),

@@ -6,7 +6,7 @@ OUT=. python draft_kernels_gpu.py"""
 import json, os, torch, dspark
 import dspark.runtime.graphs as G
 from dspark.tools.bench import _default_model_prompts, decode_run, machine
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.kernels.draft import draft_kernels_check
 from dspark.sample.sampling import SamplingParams

@@ -5,7 +5,7 @@ then the engine on the trained default model (C1, greedy DSpark, 128 tokens, 6 p
 Writes $OUT/fp8_head.json."""
 import json, os, statistics, time
 import torch, triton, dspark
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.drafter import RowwiseFP8Head
 from dspark.sample.sampling import SamplingParams
 

@@ -49,7 +49,7 @@ json.dump(res, open(f"{OUT}/host_path_now.json", "w"), indent=1)
 del llm; torch.cuda.empty_cache()
 
 # 64 requests, steady load, fixed K: whole steps under cProfile (the host bounds a step here)
-from dspark.spec.controller import _capacity_attached, _sweep_run
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run
 from dspark.engine.core import frozen_heap
 from steady_engine import steady_engine
 C, WAVES, REPEATS, TOKENS, prompts, llm = steady_engine(4)
@@ -60,8 +60,8 @@ def step():
     finally: sprof.disable(); steps.append(time.perf_counter() - t)
 for rep in range(3):
     if rep == 2: llm.step = step
-    with _capacity_attached(llm, False), frozen_heap():
-        r = _sweep_run(llm, "fixed", C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
+    with capacity_attached(llm, False), frozen_heap():
+        r = sweep_run(llm, "fixed", C, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
     print("fixed", rep, round(r["tok_s"], 1), flush=True)
 llm.step = step0
 s = io.StringIO(); pstats.Stats(sprof, stream=s).sort_stats("tottime").print_stats(40)

@@ -5,7 +5,8 @@ within each repeat on one engine per kind. WAVES=N: a steady load of N x C reque
 OUT=. [CONC="16 64"] [REPEATS=5] [WAVES=1] [NAME=plain_gpu] python plain_gpu.py"""
 import json, os, statistics, time
 import torch
-from dspark.spec.controller import PlainSwitch, _capacity_attached, _sweep_run, sweep_prompts
+from dspark.spec.online import PlainSwitch
+from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.engine.core import LLM, frozen_heap
 from dspark.sample.sampling import SamplingParams
@@ -26,8 +27,8 @@ def run(mode, c):
     llm = none if mode == "none" else spec
     if mode == "plain": PlainSwitch.decide = lambda self, R: setattr(self, "plain", True) or True
     try:
-        with _capacity_attached(llm, mode in ("plain", "switch")), frozen_heap():
-            r = _sweep_run(llm, mode, c, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
+        with capacity_attached(llm, mode in ("plain", "switch")), frozen_heap():
+            r = sweep_run(llm, mode, c, prompts, 0.0, TOKENS, 0, torch.cuda.synchronize, WAVES)
     finally: PlainSwitch.decide = real_decide
     ra, da = llm.runner.round_ahead, llm.runner.ahead
     r.update(rounds_ahead_used=ra.used if ra else 0, steps_ahead_used=da.used if da else 0)

@@ -3,7 +3,7 @@ DSpark on the default model, prompts longer than every ring; (B) the C1 A/B of n
 on and off, in one process. OUT=. python prefill_graphs.py"""
 import json, os, time, statistics, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": {}, "ab": {}}

@@ -1,7 +1,7 @@
 "Prefix-cache hits on the GPU (default model, bf16): the first step of a repeated 300-token prompt (a hit that resumes before the cached end) against a miss, with graphs and with enforce_eager, for no-spec and DSpark; greedy tokens graph vs eager. OUT=. [DTYPE=float32] [MODES=none,dspark] python prefix_hits.py"
 import json, os, time, statistics, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 DTYPE = os.environ.get("DTYPE", "bfloat16"); MODES = [None if m == "none" else m for m in os.environ.get("MODES", "none,dspark").split(",")]

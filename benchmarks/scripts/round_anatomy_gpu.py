@@ -14,7 +14,7 @@ import dspark.runtime.fused_round as FR
 import dspark.kernels.draft as kd
 from torch.profiler import profile, ProfilerActivity
 from dspark.tools.bench import _default_model_prompts, decode_run, machine
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.sample.sampling import SamplingParams
 

@@ -1,7 +1,7 @@
 "Fused DSpark rounds on the default model (bf16, graphs): replay times and C1 tok/s with and without rounds, one run."
 import time, json, os, io, cProfile, pstats, torch, dspark
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 from dspark.tools.records import split_raw, write_record
 prompts = sweep_prompts(DEFAULT_MODEL, 4, 128)

@@ -4,7 +4,7 @@ from torch.profiler over repeated replays; wall time per replay from CUDA events
 import json, os, collections, torch, dspark
 from torch.profiler import profile, ProfilerActivity
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.sample.sampling import SamplingParams
 OUT = os.environ["OUT"]; res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 prompt = sweep_prompts(DEFAULT_MODEL, 1, 128)

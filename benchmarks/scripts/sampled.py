@@ -10,7 +10,7 @@ pkg, label = os.path.abspath(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, pkg)
 import torch, dspark
 assert dspark.__file__.startswith(pkg), dspark.__file__
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import make_tiny_checkpoint
 from dspark.sample.sampling import SamplingParams
 

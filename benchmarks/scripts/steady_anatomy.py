@@ -4,7 +4,7 @@ not synced (the engine's own overlap stays on): each step's host wall time, the 
 before it, and which graphs it replayed. Steps fall in three classes: `admit` (some request prefilling), `full`
 (C requests decoding) and `tail` (fewer: the queue is empty). OUT=. [CONC=64] [WAVES=4] [TOKENS=128] [DEVICE=cuda] python steady_anatomy.py"""
 import itertools, json, os, time, torch
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.engine.core import LLM, frozen_heap
 from dspark.sample.sampling import SamplingParams

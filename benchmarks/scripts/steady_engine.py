@@ -3,7 +3,7 @@ engine `capacity_sweep` builds, with capacity control attached, for `C` requests
 128-token prompts, warmed up with its largest batch so no shape compiles in a timed run. Settings from the
 environment: C (64), WAVES (4), REPEATS (the script's default), TOKENS (128)."""
 import os
-from dspark.spec.controller import sweep_prompts
+from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.engine.core import LLM
 from dspark.sample.sampling import SamplingParams

@@ -26,7 +26,7 @@ def main():
                 r["max_logit_err"] = (llm.logits(x) - dspark.load_target(ck).logits(x)).abs().max().item()
             llm.close(); res[f"tiny_{m}"] = r; print(m, r, flush=True)
     # default model bf16: TP=1 vs TP=2 dspark, C1 and C16
-    from dspark.spec.controller import sweep_prompts
+    from dspark.tools.capacity_sweep import sweep_prompts
     prompts = sweep_prompts(DEFAULT_MODEL, 16, 128)
     for tp in (1, 2):
         llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=5, device="cuda", dtype="bfloat16", tensor_parallel_size=tp,

@@ -25,10 +25,10 @@ from .quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
 DEFAULT_MODEL = Path(str(resources.files("dspark"))) / "models" / "default"   # the embedded trained model (see 34_train)
 
 # %% auto #0
-__all__ = ['DEFAULT_MODEL', 'DTYPES', 'BOS', 'EOS', 'USER', 'ASSISTANT', 'NOISE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
-           'CheckpointError', 'read_tensors', 'dequantize_state', 'check_state', 'load_target', 'save_checkpoint',
-           'quantize_checkpoint', 'draft_shapes', 'random_state', 'tiny_corpus', 'train_tokenizer', 'save_tokenizer',
-           'make_tiny_checkpoint']
+__all__ = ['DEFAULT_MODEL', 'DTYPES', 'KEEP_FP32', 'BOS', 'EOS', 'USER', 'ASSISTANT', 'NOISE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
+           'CheckpointError', 'read_tensors', 'dequantize_state', 'check_state', 'load_target', 'encode_tensor',
+           'save_checkpoint', 'quantize_checkpoint', 'draft_shapes', 'random_state', 'tiny_corpus', 'train_tokenizer',
+           'save_tokenizer', 'make_tiny_checkpoint']
 
 # %% ../../nbs/08_checkpoint.ipynb #bbb9e5a2
 class CheckpointError(ValueError):
@@ -75,7 +75,9 @@ def dequantize_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 # %% ../../nbs/08_checkpoint.ipynb #d6efd41c
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_KEEP_FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias)$")
+# the tensors kept in fp32 in every format and at every load dtype: the hyper-connection mixers, the attention
+# sinks, the APE and the router bias are small and precision-sensitive
+KEEP_FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias)$")
 
 def _as_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values(): return dtype
@@ -105,7 +107,7 @@ def load_target(path: str | Path, device: str | torch.device = "cpu", dtype="flo
         t = state[f"layers.{layer.layer_id}.ffn.gate.tid2eid"]
         if t.min() < 0 or t.max() >= cfg.n_routed_experts:
             raise CheckpointError(f"layers.{layer.layer_id}.ffn.gate.tid2eid has expert ids outside [0, {cfg.n_routed_experts})")
-    state = {k: (v.long() if k.endswith("tid2eid") else v.float() if _KEEP_FP32.search(k) else v.to(dtype))
+    state = {k: (v.long() if k.endswith("tid2eid") else v.float() if KEEP_FP32.search(k) else v.to(dtype))
              for k, v in state.items()}
     model.load_state_dict(state, assign=True)
     return model.to(device).eval()
@@ -114,15 +116,16 @@ def load_target(path: str | Path, device: str | torch.device = "cpu", dtype="flo
 _FP8_LINEAR = re.compile(r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|shared_experts\.w[123]|e_proj|h_proj|main_proj)\.weight$")
 _FP4_EXPERT = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
 
-def _encode(k: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+def encode_tensor(k: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    "One tensor as `fmt` stores it: `{k: t}` cast, or for fp8 the quantised weight and its `k.scale`; training sizes and ships with it too."
     if not t.is_floating_point(): return {k: t.contiguous()}
     if fmt in ("float32", "bfloat16"):
-        return {k: t.to(torch.float32 if _KEEP_FP32.search(k) else DTYPES[fmt]).contiguous()}
+        return {k: t.to(torch.float32 if KEEP_FP32.search(k) else DTYPES[fmt]).contiguous()}
     if _FP4_EXPERT.search(k):
         q, s = quantize_fp4(t); return {k: q, k + ".scale": s}
     if _FP8_LINEAR.search(k):
         q, s = quantize_fp8(t); return {k: q, k + ".scale": s}
-    return {k: t.to(torch.float32 if _KEEP_FP32.search(k) else torch.bfloat16).contiguous()}
+    return {k: t.to(torch.float32 if KEEP_FP32.search(k) else torch.bfloat16).contiguous()}
 
 def save_checkpoint(state: dict[str, torch.Tensor], cfg: ModelConfig, path: str | Path, fmt: str = "float32",
                     num_shards: int = 1) -> Path:
@@ -135,7 +138,7 @@ def save_checkpoint(state: dict[str, torch.Tensor], cfg: ModelConfig, path: str 
             "weight_block_size": [128, 128]})
     save_config(cfg, path)
     enc: dict[str, torch.Tensor] = {}
-    for k, t in state.items(): enc.update(_encode(k, t.detach().cpu(), fmt))
+    for k, t in state.items(): enc.update(encode_tensor(k, t.detach().cpu(), fmt))
     keys = list(enc)
     per = math.ceil(len(keys) / num_shards)
     weight_map, total = {}, 0

@@ -15,7 +15,7 @@ from torch import nn
 
 from .attention import sink_attention
 from ..config import ModelConfig
-from .layers import RMSNorm, _fast_ok, hc_head, hc_post, hc_pre, rope_cos_sin
+from .layers import RMSNorm, fast_kernel_ok, hc_head, hc_post, hc_pre, rope_cos_sin
 from .transformer import Block, Transformer
 from .quant import FP8_MAX
 from ..sample.sampling import STREAMS, RowParams, SamplingParams, draw_keyed, row_probs
@@ -163,7 +163,7 @@ class DSparkDrafter(nn.Module):
         lie; the torch path gathers them first. `[R, γ, D]`."""
         cfg, g, dev = self.cfg, self.block_size, anchors.device
         R = anchors.shape[0]
-        attend = self.attn_kernel if _fast_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
+        attend = self.attn_kernel if fast_kernel_ok(self.attn_kernel) else block_attention   # one launch a stage (ch. 32)
         if slots is not None and attend is block_attention: rows, slots = rows[slots], None
         at = {} if slots is None else {"slots": slots}
         first, noise, offsets = self._block_consts(dev)
@@ -291,7 +291,7 @@ class DSparkDrafter(nn.Module):
         exactly as `markov_rows` picks it on a greedy row, without the distributions (verification needs none:
         they are one-hot) or the draws."""
         h = self.block_hidden(anchors, P, rows, valid, slots)
-        fast = _fast_ok(self.markov_kernel)                  # γ + 1 launches (chapter 32), reading U as it is
+        fast = fast_kernel_ok(self.markov_kernel)                  # γ + 1 launches (chapter 32), reading U as it is
         U, mh, n = self.base_logits(h, fp32=not fast), self.last.markov_head, min(n, self.block_size)
         loop = self.markov_kernel if fast else markov_greedy
         return loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)
@@ -325,12 +325,12 @@ class RowwiseFP8Head(nn.Module):
 # %% ../../nbs/09_drafter.ipynb #9aa3914e
 def load_drafter(path, target: Transformer) -> DSparkDrafter:
     "The DSpark drafter of a checkpoint directory, on the target's device and dtype."
-    from dspark.model.checkpoint import check_state, dequantize_state, read_tensors, _KEEP_FP32
+    from dspark.model.checkpoint import check_state, dequantize_state, read_tensors, KEEP_FP32
     cfg = target.cfg
     raw = {k: v for k, v in dequantize_state(read_tensors(path)).items() if k.startswith("mtp.")}
     for pat, rep in DRAFT_KEY_ALIASES: raw = {re.sub(pat, rep, k): v for k, v in raw.items()}
     with torch.device("meta"): d = DSparkDrafter(cfg, target)
     check_state(d.state_dict(), raw, f"DSpark drafter of {path}")
     dtype, dev = target.embed.weight.dtype, target.embed.weight.device
-    d.load_state_dict({k: v.float() if _KEEP_FP32.search(k) else v.to(dtype) for k, v in raw.items()}, assign=True)
+    d.load_state_dict({k: v.float() if KEEP_FP32.search(k) else v.to(dtype) for k, v in raw.items()}, assign=True)
     return d.to(dev).eval()

@@ -20,10 +20,10 @@ from torch import nn
 from ..config import ModelConfig
 
 # %% auto #0
-__all__ = ['STACK', 'MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'RMSNorm', 'yarn_inv_freq',
-           'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post', 'hc_head',
-           'topk_stable', 'score_fn', 'Gate', 'stack_linears', 'stacked_outputs', 'Expert', 'MoE', 'StackedExperts',
-           'stack_experts', 'grouped_experts', 'dense_experts', 'set_moe_impl']
+__all__ = ['STACK', 'MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'fast_kernel_ok', 'RMSNorm',
+           'yarn_inv_freq', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post',
+           'hc_head', 'topk_stable', 'score_fn', 'Gate', 'stack_linears', 'stacked_outputs', 'Expert', 'MoE',
+           'StackedExperts', 'stack_experts', 'grouped_experts', 'dense_experts', 'set_moe_impl']
 
 # %% ../../nbs/04_layers.ipynb #32ef50c9
 _MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
@@ -65,7 +65,7 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
-def _fast_ok(fn) -> bool:
+def fast_kernel_ok(fn) -> bool:
     "Whether a module's fused GPU kernel (set by `graphs.fast_path`) may stand in: inference, not batch-invariant."
     return fn is not None and not torch.is_grad_enabled() and not is_batch_invariant()
 
@@ -77,7 +77,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fast_ok(self.fast): return self.fast(x, self.weight, self.eps)
+        if fast_kernel_ok(self.fast): return self.fast(x, self.weight, self.eps)
         return per_token(lambda t: (self.weight.float() * rms_norm(t, self.eps)).to(t.dtype), x, lead=x.dim() - 1)
 
 # %% ../../nbs/04_layers.ipynb #1591e8dc
@@ -188,10 +188,10 @@ class Gate(nn.Module):
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         "`x [N, D]` -> `(weights [N, k] fp32, expert ids [N, k])`."
         cfg = self.cfg
-        if _fast_ok(self.fast) and x.is_cuda and x.dtype == self.weight.dtype != torch.float32:
+        if fast_kernel_ok(self.fast) and x.is_cuda and x.dtype == self.weight.dtype != torch.float32:
             logits = torch.mm(x, self.weight.T, out_dtype=torch.float32)   # fp32 accumulate and output, no casts
         else: logits = F.linear(x.float(), self.weight.float())
-        if _fast_ok(self.fast):
+        if fast_kernel_ok(self.fast):
             return self.fast(logits, cfg.num_experts_per_tok, cfg.scoring_func, cfg.routed_scaling_factor,
                              None if self.hashed else self.bias, self.tid2eid if self.hashed else None, input_ids)
         s = score_fn(logits, cfg.scoring_func)
@@ -242,7 +242,7 @@ class Expert(nn.Module):
         self.w1, self.w3 = nn.Linear(dim, inter, bias=False), nn.Linear(dim, inter, bias=False)
         self.w2 = nn.Linear(inter, dim, bias=False)
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        if _fast_ok(self.fast) and x.dim() == 2:
+        if fast_kernel_ok(self.fast) and x.dim() == 2:
             gate, up = stacked_outputs(self, x, (self.w1, self.w3)) or (self.w1(x), self.w3(x))   # one GEMM if stacked
             return self.w2(self.fast(gate, up, self.limit, weight))
         gate = self.w1(x).float().clamp(max=self.limit)
@@ -415,7 +415,7 @@ def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: tor
     if moe.small is not None and idx.numel() <= moe.small_pairs:   # a decode step or a draft block (chapter 33)
         return moe.small(x, weights, idx, st.w13, st.w2, moe.first, ex.limit)
     if moe.impl == "grouped":
-        return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if _fast_ok(ex.fast) else None,
+        return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if fast_kernel_ok(ex.fast) else None,
                                whole=moe.first == 0 and len(moe.experts) == moe.gate.cfg.n_routed_experts)
     return dense_experts(x, weights, idx, st, moe.first, ex.limit)
 

@@ -149,7 +149,7 @@ class MTPDrafter(nn.Module):
 
 def load_mtp(path, target: Transformer) -> MTPDrafter:
     "The MTP layer of a checkpoint directory (`mtp.0.*` with `e_proj`/`h_proj`), checked like the target."
-    from dspark.model.checkpoint import _KEEP_FP32, check_state, dequantize_state, read_tensors
+    from dspark.model.checkpoint import KEEP_FP32, check_state, dequantize_state, read_tensors
     raw = {k: v for k, v in dequantize_state(read_tensors(path)).items() if k.startswith("mtp.")}
     if "mtp.0.e_proj.weight" not in raw:
         raise ValueError(f"checkpoint {path} has no MTP layer (no mtp.0.e_proj.weight); a DSpark checkpoint "
@@ -157,5 +157,5 @@ def load_mtp(path, target: Transformer) -> MTPDrafter:
     with torch.device("meta"): m = MTPDrafter(target.cfg, target)
     check_state(m.state_dict(), raw, f"MTP layer of {path}")
     dtype, dev = target.embed.weight.dtype, target.embed.weight.device
-    m.load_state_dict({k: v.float() if _KEEP_FP32.search(k) else v.to(dtype) for k, v in raw.items()}, assign=True)
+    m.load_state_dict({k: v.float() if KEEP_FP32.search(k) else v.to(dtype) for k, v in raw.items()}, assign=True)
     return m.to(dev).eval()

@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 
 # %% auto #0
-__all__ = ['DEVICE_POLICIES', 'batch_survival', 'check_threshold', 'threshold_lengths', 'scheduler_lengths', 'search_budget',
-           'admit_top', 'global_lengths', 'LaggedBudget', 'capture_sizes', 'graph_bucket', 'SPSCurve', 'profile_sps',
-           'eager_verify_fit', 'resolve_sps', 'device_lengths', 'DeviceDecision', 'DeviceAllocator', 'first_token_law']
+__all__ = ['batch_survival', 'check_threshold', 'threshold_lengths', 'scheduler_lengths', 'search_budget', 'admit_top',
+           'global_lengths', 'LaggedBudget', 'capture_sizes', 'graph_bucket', 'SPSCurve', 'profile_sps',
+           'eager_verify_fit', 'resolve_sps', 'first_token_law']
 
 # %% ../../nbs/20_capacity.ipynb #4dd576b8
 def batch_survival(conf: torch.Tensor, n: torch.Tensor | list[int] | None = None) -> torch.Tensor:
@@ -309,126 +309,6 @@ def resolve_sps(spec, runner, sizes: list[int], context: int = 64) -> SPSCurve:
     elif spec == "auto": curve = profile_sps(runner, sizes, context)
     else: curve = SPSCurve.load(spec)
     return SPSCurve(**runner.canon(curve.to_json()))
-
-# %% ../../nbs/20_capacity.ipynb #5e37cb5e
-DEVICE_POLICIES = ("threshold", "scheduler", "lagged")
-
-def device_lengths(z: torch.Tensor, params: torch.Tensor, table: torch.Tensor, policy: str, K: int) -> torch.Tensor:
-    """The verify-length policies as fixed-shape tensor work (capturable). `z [B, K]`: confidence logits, rows at or
-    past R padding. `params` fp64 `[8 + K]`: R, host ms per request, step ms, draft ms per request, n₀, R₀, θ, the
-    depth d (positions at or past it are no candidates), then the temperatures. `table` fp64: the verify ms of
-    1…len(table) tokens. Returns fp64 `[B + 2]`: each row's length, the unconstrained search's budget, the number of
-    candidates (survival > 0). `n₀ < 0`: the lagged policy verifies every candidate."""
-    B, dev = z.shape[0], z.device
-    R, host_ms, step_ms, draft_ms, n0, R0, theta, depth = params[:8].unbind()
-    live = (torch.arange(B, device=dev) < R)[:, None] & (torch.arange(K, device=dev) < depth)
-    a = torch.sigmoid(z.double() / params[8:8 + K]).cumprod(-1) * live
-    cand = a > 0
-    N = cand.sum()
-    flat = a.reshape(-1)
-    order = torch.sort(-flat, stable=True).indices
-    s = flat[order]                                      # admission order; zeros (no candidate) last
-    n = torch.arange(B * K + 1, device=dev)
-    tau = R + torch.cat([s.new_zeros(1), s.cumsum(0)])
-    ms = table[(R - 1 + n).clamp(0, table.shape[0] - 1).long()]
-    # in the host's order of operations (`SPSCurve.for_requests`), so both sides round alike
-    theta_n = torch.where(n <= N, tau * (1000.0 / (host_ms * R + step_ms + draft_ms * R + ms)), -torch.inf)
-    search = theta_n.argmax()                            # the first maximum: the smallest count on ties, as the host's
-    if policy == "threshold": lengths = ((a >= theta) & cand).sum(-1)
-    else:
-        if policy == "scheduler": take = (theta_n[1:] > theta_n[:-1]).long().cumprod(0).sum()
-        else: take = torch.where(n0 < 0, N.double(), torch.round(n0 * R / R0.clamp_min(1)))
-        admitted = (n[:-1] < take) & (s > 0)
-        lengths = torch.zeros(B, dtype=torch.long, device=dev).scatter_add_(0, order // K, admitted.long())
-    return torch.cat([lengths.double(), search.double()[None], N.double()[None]])
-
-@dataclass
-class DeviceDecision:
-    "One launch's batch-level answer: the search's budget for the lagged history, the candidates, the live rows."
-    budget: int
-    candidates: int
-    requests: int
-
-class DeviceAllocator:
-    """`device_lengths` behind each draft step that capacity control reads: one captured graph per power-of-two
-    request bucket (eager on the CPU), static input and output buffers, a pinned staging row for the per-step inputs
-    and a pinned result row, both double-buffered so a launch never overwrites what the previous one still copies."""
-    def __init__(self, K: int, max_requests: int, curve: "SPSCurve", policy: str, theta: float, device,
-                 capture: bool | None = None):
-        if policy not in DEVICE_POLICIES: raise ValueError(f"the device decides {DEVICE_POLICIES}, not {policy!r}")
-        self.K, self.policy, self.theta, self.max_requests = K, policy, float(theta), max_requests
-        dev = torch.device(device)
-        self.cuda = dev.type == "cuda"
-        self.capture = self.cuda if capture is None else capture
-        top = max_requests * (K + 1)
-        self.table = torch.tensor([curve.verify(B) for B in range(1, top + 1)], dtype=torch.float64, device=dev)
-        self.params = torch.zeros(8 + K, dtype=torch.float64, device=dev)
-        self.z = torch.zeros(max_requests, K, dtype=torch.float32, device=dev)
-        self.out = torch.zeros(max_requests + 2, dtype=torch.float64, device=dev)
-        pin = self.cuda
-        self.stage = [torch.zeros(8 + K, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
-        self.host = [torch.zeros(max_requests + 2, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
-        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
-        self.turn, self.graphs = 0, {}
-        self.used: tuple[int, list[float]] | None = None    # (R, inputs) of the last launch: what its decision took
-        self.inputs = [0.0, 0.0, 0.0, -1.0, 1.0, self.theta, K] + [1.0] * K   # all but R: see `prepare`
-
-    def prepare(self, host_ms: float, step_ms: float, draft_ms: float, lagged: tuple[int, int] | None,
-                temps=None, depth: int | None = None) -> None:
-        """The next launches' inputs: the host's measured ms per request, the curve's draft step and per-request
-        draft ms, the lagged decision `(n₀, R₀)` (None: verify every candidate), the calibration temperatures
-        (None: the raw head) and the physical depth the proposals are drafted at (None: K)."""
-        n0, R0 = (-1.0, 1.0) if lagged is None else (float(lagged[0]), float(lagged[1]))
-        T = [1.0] * self.K if temps is None else [float(t) for t in (temps[: self.K].tolist() if torch.is_tensor(temps) else temps[: self.K])]
-        d = self.K if depth is None else min(int(depth), self.K)
-        self.inputs = [float(host_ms), float(step_ms), float(draft_ms), n0, R0, self.theta, float(d)] + T
-
-    def _bucket(self, R: int) -> int:
-        b = 1
-        while b < R: b *= 2
-        return min(b, self.max_requests)
-
-    def _run(self, b: int) -> None:
-        self.out[: b + 2].copy_(device_lengths(self.z[:b], self.params, self.table, self.policy, self.K))
-
-    def launch(self, z: torch.Tensor, R: int) -> Callable[[], tuple[list[int], DeviceDecision]]:
-        """Queue the decision for the first R rows of `z [≥R, K]` (a draft step's confidence logits, on the device);
-        returns the fetch that waits for it: `(lengths [R], DeviceDecision)`."""
-        if not 1 <= R <= self.max_requests: raise ValueError(f"{R} requests: the allocator holds 1..{self.max_requests}")
-        b, slot = self._bucket(R), self.turn
-        self.turn ^= 1
-        st = self.stage[slot]
-        if self.events[slot] is not None: self.events[slot].synchronize()   # its last copies have run
-        w = min(z.shape[1], self.K)                  # a step drafted at a shallower depth has fewer columns
-        h = st.numpy()
-        h[:] = [R] + self.inputs
-        h[7] = min(h[7], w)
-        self.used = (R, [float(x) for x in h[1:]])
-        self.params.copy_(st, non_blocking=self.cuda)
-        self.z[:R, :w].copy_(z[:R, :w], non_blocking=True)
-        if self.capture:
-            g = self.graphs.get(b)
-            if g is None: g = self.graphs[b] = self._capture(b)
-            g.replay()
-        else: self._run(b)
-        host = self.host[slot]
-        host[: b + 2].copy_(self.out[: b + 2], non_blocking=self.cuda)
-        ev = self.events[slot]
-        if ev is not None: ev.record()
-        def fetch():
-            if ev is not None: ev.synchronize()
-            v = host[: b + 2].tolist()
-            return [int(x) for x in v[:R]], DeviceDecision(int(v[b]), int(v[b + 1]), R)
-        return fetch
-
-    def _capture(self, b: int):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side): self._run(b)           # warm-up: kernels and the sort's workspace
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g): self._run(b)
-        return g
 
 # %% ../../nbs/20_capacity.ipynb #8b9549e6
 def first_token_law(p: torch.Tensor, q: torch.Tensor, conf: Callable[[list[int]], list[float]],

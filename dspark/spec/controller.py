@@ -1,4 +1,4 @@
-"""The parts that turn the policies of `capacity` into an engine feature: online calibration of the confidence head, a load-aware physical draft depth, the activation knee, compact verification of each request's kept drafts, the SPS profile, rank-0 decisions, counters — and the sweep that measures it all against fixed K and no speculation.
+"""The parts that turn the policies of `capacity` into an engine feature: online calibration of the confidence head, a load-aware physical draft depth, the activation knee, compact verification of each request's kept drafts, the SPS profile, rank-0 decisions, counters. The sweep that measures it against fixed K and no speculation is `dspark.tools.capacity_sweep`'s.
 
 Docs: https://dspark-dev.github.io/dspark/capacity_control.html.md"""
 
@@ -7,199 +7,23 @@ Docs: https://dspark-dev.github.io/dspark/capacity_control.html.md"""
 # %% ../../nbs/21_capacity_control.ipynb #2d633594
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 import logging
-import math
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from .capacity import (DeviceAllocator, SPSCurve, LaggedBudget, batch_survival, capture_sizes, check_threshold,
-                       graph_bucket, resolve_sps, scheduler_lengths, threshold_lengths)
+from .capacity import (SPSCurve, LaggedBudget, batch_survival, capture_sizes, check_threshold, graph_bucket,
+                                  resolve_sps, scheduler_lengths, threshold_lengths)
+from .device_policy import DeviceAllocator
+from .online import DraftDepth, OnlineSTS, PlainSwitch
 from ..engine.scheduler import all_plain_greedy
 
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'POLICIES', 'OnlineSTS', 'DraftDepth', 'PlainSwitch', 'CapacityConfig', 'CapacityStats', 'CapacityController',
-           'sweep_prompts', 'capacity_sweep']
-
-# %% ../../nbs/21_capacity_control.ipynb #28c4b372
-class OnlineSTS:
-    "Per-position temperatures for the confidence logits, fitted online from verification outcomes."
-    def __init__(self, K: int, bins: int = 16, span: float = 8.0, decay: float = 0.999, prior: float = 64.0,
-                 grid: int = 49, refit_every: int = 64):
-        self.K, self.span, self.decay, self.prior, self.refit_every = K, span, decay, prior, refit_every
-        self.trials, self.hits, self.zsum = (torch.zeros(K, bins, dtype=torch.float64) for _ in range(3))
-        self.grid = torch.logspace(math.log10(1 / 8), math.log10(8), grid, dtype=torch.float64)
-        self.temps = torch.ones(K, dtype=torch.float64)
-        self.pending = 0
-
-    def _bin(self, z: torch.Tensor) -> torch.Tensor:
-        nb = self.trials.shape[1]
-        return ((z.double() + self.span) / (2 * self.span) * nb).floor().clamp(0, nb - 1).long()
-
-    def calibrate(self, logits: torch.Tensor) -> torch.Tensor:
-        "Calibrated logits `z_k / T_k` for `[..., K']` (K' ≤ K positions)."
-        return logits.double() / self.temps[: logits.shape[-1]].to(logits.device)
-
-    def record(self, logits: torch.Tensor, verified: int, accepted: int) -> None:
-        "One verified round: raw logits of its drafts, how many were verified, how many accepted."
-        self.record_many([logits], [verified], [accepted])
-
-    def record_many(self, logits: list, verified: list[int], accepted: list[int]) -> None:
-        """Verified rounds (logits as tensors or float lists) in a few array ops on padded `[rounds, K]` rows: a
-        per-round loop cost ~0.3 ms a step at 64 requests on the host, where it sits between the draft step and the
-        next verification, and the same ops on small torch tensors ~0.47 ms (H200 host, `capacity_device_floats.json`);
-        numpy, on views of the same counters, does them for a fraction of that. The rounds of one call are
-        simultaneous: the counters decay once per round, before any of their outcomes are added; the refit counter
-        counts calls."""
-        rows = [z.tolist() if torch.is_tensor(z) else list(z) for z in logits]
-        for z, v, a in zip(rows, verified, accepted):
-            if not 0 <= a <= v <= len(z): raise ValueError(f"accepted {a} of {v} verified ({len(z)} drafts)")
-        L = max((len(z) for z in rows), default=0)
-        if not L: return
-        z = np.array([z + [0.0] * (L - len(z)) for z in rows], dtype=np.float64)
-        v, a = np.asarray(verified), np.asarray(accepted)
-        k = np.arange(L)
-        trial = k[None] < np.minimum(a + 1, v)[:, None]           # position k was reached: every earlier draft accepted
-        rounds = int(trial[:, 0].sum())                            # each round with a trial contributes position 0 once
-        if not rounds: return
-        T, H, Z = self.trials.numpy(), self.hits.numpy(), self.zsum.numpy()   # views: the tensors change in place
-        f = self.decay ** rounds
-        T *= f; H *= f; Z *= f
-        zt, kt = z[trial], np.broadcast_to(k, z.shape)[trial]
-        nb = T.shape[1]
-        b = np.clip(np.floor((zt + self.span) / (2 * self.span) * nb), 0, nb - 1).astype(np.int64)   # `_bin`
-        np.add.at(T, (kt, b), 1.0)
-        np.add.at(Z, (kt, b), zt)
-        np.add.at(H, (kt, b), (k[None] < a[:, None])[trial].astype(np.float64))
-        self.pending += 1                          # per call (a step): at 64 requests a round count would refit every step
-        if self.pending >= self.refit_every: self.fit()
-
-    def _ece(self, trials: torch.Tensor, hits: torch.Tensor, zmean: torch.Tensor) -> torch.Tensor:
-        "Trial-weighted calibration error of every grid temperature: `[grid]`."
-        pred = torch.sigmoid(zmean[None] / self.grid[:, None])
-        rate = hits / trials.clamp_min(1e-12)
-        return (trials[None] * (pred - rate[None]).abs()).sum(-1) / trials.sum().clamp_min(1e-12)
-
-    def fit(self) -> torch.Tensor:
-        "Refit every position's temperature (pooled prior for positions with few trials). Returns them."
-        self.pending = 0
-        pt, ph, pz = self.trials.sum(0), self.hits.sum(0), self.zsum.sum(0)
-        if pt.sum() <= 0: self.temps.fill_(1.0); return self.temps
-        w = self.prior / pt.sum()
-        for k in range(self.K):
-            t, h, z = self.trials[k] + w * pt, self.hits[k] + w * ph, self.zsum[k] + w * pz
-            zmean = z / t.clamp_min(1e-12)
-            self.temps[k] = self.grid[int(self._ece(t, h, zmean).argmin())]
-        return self.temps
-
-# %% ../../nbs/21_capacity_control.ipynb #818d1d6a
-class DraftDepth:
-    "One physical draft width for the batch, from the largest capacity used over a window of steps."
-    def __init__(self, K: int, window: int = 8, min_depth: int = 0):
-        if not isinstance(window, int) or window < 1: raise ValueError(f"draft-depth window must be an integer >= 1, got {window!r}")
-        if not 0 <= min_depth <= K: raise ValueError(f"min_depth must be in [0, {K}], got {min_depth}")
-        self.K, self.window, self.min_depth = K, window, min_depth
-        self.reset()
-
-    def reset(self) -> None:
-        self.depth, self.recent, self.saturated, self.high_water = self.K, deque(maxlen=self.window), 0, 0
-
-    def update(self, capacities: list[int]) -> int:
-        "After a step's capacity decision: the depth the next proposals are drafted at."
-        R = len(capacities)
-        if R == 0 or R <= 0.75 * self.high_water:          # idle, or the load that justified the depth is gone
-            self.reset(); self.high_water = R
-            return self.depth
-        self.high_water = max(self.high_water, R)
-        used = max(capacities)
-        self.recent.append(used)
-        if max(self.recent) < self.depth:
-            self.depth, self.saturated = max(max(self.recent), self.min_depth), 0
-        elif used >= self.depth:
-            self.saturated += 1
-            if self.saturated >= self.window: self.depth, self.saturated = min(self.depth + 1, self.K), 0
-        else: self.saturated = 0
-        return self.depth
-
-class PlainSwitch:
-    """Whether to draft at all at this load: depth 0, plain decoding, when it commits more tokens per second than
-    drafting does. Measured, not modelled: the wall time between consecutive decisions and the tokens each step
-    committed, an EMA per power-of-two request count and mode. The SPS curve prices replays only, and at high load
-    a round can lose to a plain step for reasons it does not see: a plain step is queued before the host reads
-    the last one (chapter 31), a round only once its verification is read. The losing mode is probed for
-    `probe_len` steps every `probe_every` steps, so a change of load or acceptance is seen; the first step after a
-    switch refills the pipeline and is not recorded.
-
-    A rate counts once it has `min_samples` steps, and the switch needs a `margin` of 10%: a single step's wall
-    time varies by more than the 3% the first version asked, and under a steady load at 64 requests it chose plain
-    decoding for 21-74 steps of ~250 where drafting committed 1.2× the tokens per second. A probe that confirms
-    the preference doubles the interval to the next (up to `max_probe_every`); one that overturns it resets it. One
-    that confirms it by a `wide` lead (30%: the preferred mode commits 1.3x the other's tokens per ms) sets the
-    interval to `max_probe_every` at once. A probe is not free: under a steady load at 64 requests, runs with 8-12
-    plain steps were 3-12% slower than fixed K (`capacity_host_profile.json`), while drafting led plain decoding
-    1.3-1.55x there, a lead that no probe was going to overturn."""
-    def __init__(self, margin: float = 0.10, probe_every: int = 64, probe_len: int = 4, alpha: float = 0.25,
-                 min_samples: int = 3, max_probe_every: int = 1024, wide: float = 0.30):
-        self.margin, self.probe_every, self.probe_len, self.alpha, self.wide = margin, probe_every, probe_len, alpha, wide
-        self.min_samples, self.max_probe_every = min_samples, max_probe_every
-        self.reset()
-
-    def reset(self) -> None:
-        self.rate: dict[tuple[int, bool], float] = {}   # (request bucket, plain) -> committed tokens per ms
-        self.samples: dict[tuple[int, bool], int] = {}  # ... and the steps behind it
-        self.plain = self.preferred = False             # the mode now, and the one the rates favour
-        self.run, self.probing, self.last = 0, 0, None  # steps since the last probe, probe steps left, last recorded mode
-        self.every, self.before = self.probe_every, None   # the probe interval now; the preference a probe started from
-
-    @staticmethod
-    def bucket(R: int) -> int: return 1 << max(0, R - 1).bit_length()
-
-    def record(self, R: int, plain: bool, tokens: int, ms: float) -> None:
-        "One step's outcome: `tokens` committed by `R` requests in `ms` of wall time, drafting or not."
-        switched, self.last = self.last is not None and self.last != plain, plain
-        if switched or ms <= 0: return
-        key = (self.bucket(R), plain)
-        r, n = tokens / ms, self.samples.get(key, 0) + 1
-        a = max(self.alpha, 1 / n)                      # the plain mean of the first few, then an EMA
-        self.rate[key] = r if key not in self.rate else (1 - a) * self.rate[key] + a * r
-        self.samples[key] = n
-
-    def _rate(self, b: int, plain: bool) -> float | None:
-        "The rate of a mode at bucket b, once it rests on `min_samples` steps."
-        key = (b, plain)
-        return self.rate[key] if self.samples.get(key, 0) >= self.min_samples else None
-
-    def decide(self, R: int) -> bool:
-        """Whether the next proposals are skipped (plain decoding) for a batch of R requests: the mode that commits
-        more tokens per ms at this bucket (switching away from the current preference only past `margin`), except
-        while a probe of the other mode runs. Each mode is learnt first, drafting first (the fixed-K path)."""
-        b = self.bucket(R)
-        d, p = self._rate(b, False), self._rate(b, True)
-        if self.probing:
-            self.probing -= 1
-            if self.probing: return self.plain
-        if d is None or p is None:
-            want = d is not None
-            if want and not self.plain: self.probing = self.probe_len + 1
-        else:
-            want = p * (1 + self.margin) > d if self.preferred else p > d * (1 + self.margin)
-            if self.before is not None:               # the first decision after a probe: did it change the answer?
-                lead = max(d, p) / max(min(d, p), 1e-9)
-                self.every = (self.probe_every if want != self.before else self.max_probe_every if lead >= 1 + self.wide
-                              else min(2 * self.every, self.max_probe_every))
-                self.before = None
-            self.preferred, self.run = want, self.run + 1
-            if self.run >= self.every: self.run, self.before, want, self.probing = 0, want, not want, self.probe_len + 1
-        self.plain = want
-        return want
+__all__ = ['log', 'POLICIES', 'CapacityConfig', 'CapacityStats', 'CapacityController']
 
 # %% ../../nbs/21_capacity_control.ipynb #2dcafe0b
 POLICIES = ("auto", "scheduler", "lagged", "threshold")
@@ -573,113 +397,3 @@ class CapacityController:
                 f"coasted steps {s.coasted_steps}, decided on the device {s.device_decisions} / host {s.host_decisions} "
                 f"steps, STS T [{T}], host "
                 f"{'n/a' if self.host_ms_per_request is None else f'{self.host_ms_per_request:.3f}'} ms/request a step")
-
-# %% ../../nbs/21_capacity_control.ipynb #bb470e9a
-def sweep_prompts(model: str | Path, n: int, length: int = 128) -> list[list[int]]:
-    "`n` prompts of `length` tokens, evenly spaced windows over held-out standard-library files (`dspark.tools.train`'s split)."
-    from dspark.tokenizer import Tokenizer
-    from dspark.tools.train import corpus_files, read_texts, split_files, stdlib_root
-    tok, root = Tokenizer.from_dir(model), stdlib_root()
-    ids: list[int] = []
-    for text in read_texts(root, split_files(corpus_files(root))[1]):
-        ids += tok.encode(text, add_special_tokens=False)
-        if len(ids) >= 2 * n * length: break
-    step = max(1, (len(ids) - length) // max(n, 1))
-    if len(ids) < length: raise ValueError(f"the held-out files give only {len(ids)} tokens, fewer than one {length}-token prompt")
-    return [ids[(i * step) % (len(ids) - length + 1):][:length] for i in range(n)]
-
-def capacity_sweep(model: str | Path, concurrencies=(1, 4, 16, 64), device: str = "cuda", dtype: str | None = None,
-                   num_speculative_tokens: int = 5, max_tokens: int = 128, prompt_len: int = 128, temperature: float = 0.0,
-                   capacity="auto", modes=("none", "fixed", "capacity"), kv_cache_memory_bytes: int | None = None,
-                   seed: int = 0, repeats: int = 3, waves: int = 1) -> list[dict]:
-    """Throughput and acceptance of no speculation, fixed-K DSpark and capacity-controlled DSpark at each
-    concurrency, on identical held-out prompts. One dict per (mode, concurrency): the run with the median
-    throughput of `repeats`. A run at concurrency `c` is one closed batch of `c` requests, or with `waves > 1`
-    a steady load: `waves × c` requests with at most `c` in flight (the bench chapter's client).
-
-    Fixed K and capacity control run on **one** DSpark engine, with the controller detached for fixed K (then
-    the runner takes exactly the fixed-K path), and the modes take turns within each repeat. Separately built
-    engines differ by up to ~15% in throughput on a shared GPU host (memory placement, host cores), which
-    would swamp the few percent the comparison is about; the order of the modes alternates between repeats."""
-    from dspark.engine.core import LLM
-    from dspark.sample.sampling import SamplingParams
-    for mode in modes:
-        if mode not in ("none", "fixed", "capacity"): raise ValueError(f"unknown sweep mode {mode!r}")
-    cuda = str(device).startswith("cuda")
-    dtype = dtype or ("bfloat16" if cuda else "float32")
-    if waves < 1: raise ValueError(f"waves must be >= 1, got {waves}")
-    top = max(concurrencies)
-    prompts = sweep_prompts(model, top * waves, prompt_len)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    build = lambda spec: LLM(
-        model, speculative=spec, num_speculative_tokens=num_speculative_tokens if spec else None,
-        capacity=capacity if spec else None, device=device, dtype=dtype, seed=seed, max_num_seqs=top,
-        max_num_batched_tokens=max(1024, top * (prompt_len + num_speculative_tokens + 1)),
-        max_model_len=prompt_len + max_tokens + num_speculative_tokens + 2, enable_prefix_caching=False,
-        kv_cache_memory_bytes=kv_cache_memory_bytes or (2 * 2**30 if cuda else 64 * 2**20))
-    engines = {}
-    if "none" in modes: engines["none"] = build(None)
-    if {"fixed", "capacity"} & set(modes): engines["fixed"] = engines["capacity"] = build("dspark")
-    for llm in set(engines.values()):
-        # the largest batch, so its prefill and round shapes compile here and not in a timed run (the same
-        # one-request warm-up in `capacity_host_profile.py` left a Triton compile to a timed run at 64)
-        llm.generate(prompts[:top], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True), use_tqdm=False)
-    from dspark.engine.core import frozen_heap
-    rows = []
-    for c in concurrencies:
-        runs = {m: [] for m in modes}
-        for rep in range(repeats):
-            for m in (modes if rep % 2 == 0 else modes[::-1]):     # alternate the order: no mode always runs second
-                with _capacity_attached(engines[m], m == "capacity"), frozen_heap():
-                    runs[m].append(_sweep_run(engines[m], m, c, prompts, temperature, max_tokens, seed, sync, waves))
-        for m in modes:
-            rs = sorted(runs[m], key=lambda r: r["tok_s"])
-            rows.append(dict(rs[len(rs) // 2], repeats=repeats, tok_s_all=[round(r["tok_s"], 1) for r in rs],
-                             tok_s_runs=[round(r["tok_s"], 1) for r in runs[m]]))   # repeat order: pairs modes run together
-    del engines; gc.collect()
-    if cuda: torch.cuda.empty_cache()
-    return sorted(rows, key=lambda r: (modes.index(r["mode"]), r["concurrency"]))
-
-@contextmanager
-def _capacity_attached(llm, on: bool):
-    "Run with the engine's capacity controller, or (on=False) with it detached: the plain fixed-K runner."
-    r = llm.runner
-    cap, conf = r.capacity, getattr(r.proposer, "confidence", None)
-    if cap is not None and not on: r.capacity, r.proposer.confidence = None, None
-    if cap is not None and on: cap.idle()
-    try: yield
-    finally:
-        if cap is not None: r.capacity, r.proposer.confidence = cap, conf
-
-def _sweep_run(llm, mode: str, c: int, prompts, temperature: float, max_tokens: int, seed: int, sync,
-               waves: int = 1) -> dict:
-    "One timed run of `c` requests (or `waves × c`, at most `c` in flight), with the engine's counters differenced around it."
-    from dspark.tools.bench import _timed_batch
-    from dspark.sample.sampling import SamplingParams
-    before, cap0 = llm.spec_stats(), _cap_counts(llm)
-    n = c * waves
-    sps = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed + i) for i in range(n)]
-    sync(); t0 = time.perf_counter()
-    if waves == 1: outs = llm.generate(prompts[:c], sps, use_tqdm=False)
-    else: outs = _timed_batch(llm, prompts[:n], sps, False, "cpu", concurrency=c)[2]   # its own syncs: none on the CPU
-    sync(); dt = time.perf_counter() - t0
-    after, cap1 = llm.spec_stats(), _cap_counts(llm)
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    drafts = after["num_drafts"] - before["num_drafts"]
-    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-    return dict(mode=mode, concurrency=c, requests=n, tokens=tokens, wall_s=round(dt, 4), tok_s=tokens / dt,
-                per_user_tok_s=tokens / dt / c, drafts=drafts,
-                draft_tokens=after["num_draft_tokens"] - before["num_draft_tokens"],
-                mean_acceptance_length=1 + accepted / drafts if drafts else 1.0,
-                activation=llm.runner.capacity.activation if llm.runner.capacity else None,
-                host_ms_per_request=llm.runner.capacity.host_ms_per_request if llm.runner.capacity else None,
-                **{k: cap1[k] - cap0[k] for k in cap0 if k != "switch_rates"}, switch_rates=cap1["switch_rates"])
-
-def _cap_counts(llm) -> dict:
-    "Capacity-control counters of an engine (zeros without it), to difference around a run."
-    cap = llm.runner.capacity
-    s = cap.stats if cap else CapacityStats()
-    sw = cap.switch if cap else None
-    return dict(active_steps=s.active_steps, bypassed_steps=s.bypassed_steps, proposed_drafts=s.proposed, kept_drafts=s.kept,
-                plain_steps=s.plain_steps, coasted_steps=s.coasted_steps,   # and what the plain switch has measured: tokens/ms by request bucket
-                switch_rates={f"{b}{' plain' if p else ' draft'}": round(r, 2) for (b, p), r in sorted(sw.rate.items())} if sw else {})

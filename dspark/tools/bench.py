@@ -25,9 +25,9 @@ from ..model.transformer import count_params
 from ..sample.sampling import SamplingParams
 
 # %% auto #0
-__all__ = ['HBM_BYTES_PER_S', 'PEAK_BF16_FLOPS', 'PREFILL_LENGTHS', 'decode_bytes_per_step', 'prefill_flops', 'decode_run',
-           'prefill_run', 'hf_decode_run', 'machine', 'run_bench', 'format_table', 'prefill_lengths', 'parse_args',
-           'main']
+__all__ = ['HBM_BYTES_PER_S', 'PEAK_BF16_FLOPS', 'PREFILL_LENGTHS', 'decode_bytes_per_step', 'prefill_flops', 'timed_batch',
+           'decode_run', 'prefill_run', 'hf_decode_run', 'machine', 'run_bench', 'format_table', 'prefill_lengths',
+           'parse_args', 'main']
 
 # %% ../../nbs/35_bench.ipynb #42ce975f
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e
@@ -66,7 +66,7 @@ def prefill_flops(cfg: ModelConfig, L: int) -> float:
     return dense + attn
 
 # %% ../../nbs/35_bench.ipynb #e89c2e28
-def _timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, device: str, concurrency: int | None = None):
+def timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, device: str, concurrency: int | None = None):
     """Requests to the end: wall seconds, per-step (seconds, prefilling) when `per_step`, and the outputs. Without
     `concurrency` every request is sent at once (a closed batch); with it, a client keeps that many in flight and
     sends the next prompt in the step a request finishes — the steady load a server sees."""
@@ -91,7 +91,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
                temperature: float = 0.0, repeats: int = 3, overlap: bool = True, concurrency: int | None = None) -> dict:
     """Throughput, decode step time and acceptance of `len(prompts)` requests: greedy, or sampled at `temperature`
     (request `i` seeded with `i`, so a run is reproducible). All at once, or with `concurrency`, at most that many in
-    flight (`_timed_batch`). Throughput is the median of `repeats` runs, timed end to end; the step time comes
+    flight (`timed_batch`). Throughput is the median of `repeats` runs, timed end to end; the step time comes
     from one more run that syncs after every step."""
     C = concurrency or len(prompts)
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
@@ -113,9 +113,9 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     walls = []
     with frozen_heap():                         # as the server does: no collector pass over the engine mid-run
         for _ in range(max(1, repeats)):
-            wall, _, outs = _timed_batch(llm, prompts, sps, False, device, concurrency)
+            wall, _, outs = timed_batch(llm, prompts, sps, False, device, concurrency)
             walls.append(wall)
-        _, steps, _ = _timed_batch(llm, prompts, sps, True, device, concurrency)
+        _, steps, _ = timed_batch(llm, prompts, sps, True, device, concurrency)
     after = llm.spec_stats()
     drafts = after["num_drafts"] - before["num_drafts"]
     acc = after["num_accepted_tokens"] - before["num_accepted_tokens"]
@@ -296,9 +296,9 @@ def format_table(rec: dict) -> str:
 
 # %% ../../nbs/35_bench.ipynb #133b47bc
 def _default_model_prompts(path: Path, n: int, length: int) -> list[list[int]]:
-    "Held-out standard-library code, tokenised with the default model's tokenizer (`dspark.tools.train`'s split)."
+    "Held-out standard-library code, tokenised with the default model's tokenizer (`dspark.tools.corpus`'s split)."
     from tokenizers import Tokenizer as HFTokenizer
-    from dspark.tools.train import corpus_files, heldout_prompts, read_texts, split_files, stdlib_root
+    from dspark.tools.corpus import corpus_files, heldout_prompts, read_texts, split_files, stdlib_root
     root = stdlib_root()
     _, held = split_files(corpus_files(root))
     tok = HFTokenizer.from_file(str(path / "tokenizer.json"))

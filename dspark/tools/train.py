@@ -15,407 +15,23 @@ import os
 import platform
 import sys
 import time
-import zlib
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..model.attention import Attention, compressed_visible, sink_attention, window_mask
-from ..model.checkpoint import _KEEP_FP32, EOS, NOISE, _encode, save_tokenizer, train_tokenizer
-from ..config import CSA, ModelConfig, from_dict, save_config
+from ..model.checkpoint import KEEP_FP32, NOISE, encode_tensor, save_tokenizer, train_tokenizer
+from ..config import save_config
 from ..model.drafter import DSparkDrafter
-from ..model.layers import Gate, hc_head, hc_post, hc_pre, rope_cos_sin
 from ..model.transformer import Transformer
 from ..model.mtp import MTPDrafter
+from .corpus import (HELDOUT_MOD, SKIP_DIRS, corpus_files, encode_stream, heldout_prompts, read_texts, split_files,
+                                 stdlib_root)
+from .train_model import (corpus_batch, distill_batch, final_logits, init_weights, model_config, mtp_config,
+                                      target_forward, train_dspark, train_mtp, train_target)
 
 # %% auto #0
-__all__ = ['SKIP_DIRS', 'HELDOUT_MOD', 'stdlib_root', 'corpus_files', 'is_heldout', 'split_files', 'read_texts', 'encode_stream',
-           'model_config', 'mtp_config', 'init_weights', 'checkpoint_bytes', 'indexer_kl', 'csa_attention_train',
-           'target_forward', 'final_logits', 'Balancer', 'lr_at', 'fit', 'window_batch', 'train_target',
-           'continue_greedy_or_sampled', 'distill_batch', 'corpus_batch', 'dspark_block_train', 'block_loss',
-           'sample_anchors', 'train_dspark', 'mtp_train_logits', 'train_mtp', 'save_model', 'perplexity',
-           'heldout_prompts', 'acceptance', 'evaluate', 'main']
-
-# %% ../../nbs/34_train.ipynb #a2b20d11
-SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
-HELDOUT_MOD = 25
-
-def stdlib_root() -> Path:
-    "The standard library's directory: where the `os` module lives."
-    return Path(os.__file__).parent
-
-def corpus_files(root: str | Path | None = None) -> list[str]:
-    "Sorted relative paths of the `.py` files under `root` (default: the standard library), tests excluded."
-    root = Path(root or stdlib_root())
-    rels = (p.relative_to(root) for p in root.rglob("*.py") if p.is_file())
-    return sorted(r.as_posix() for r in rels if not SKIP_DIRS & set(r.parts[:-1]))
-
-def is_heldout(rel: str) -> bool:
-    "The evaluation split: a pure function of the relative path."
-    return zlib.crc32(rel.encode()) % HELDOUT_MOD == 0
-
-def split_files(files: list[str]) -> tuple[list[str], list[str]]:
-    "`(train, heldout)` file lists."
-    return [f for f in files if not is_heldout(f)], [f for f in files if is_heldout(f)]
-
-def read_texts(root: str | Path, rels: list[str]) -> list[str]:
-    "File contents as text (a few stdlib files are not UTF-8: bad bytes become U+FFFD)."
-    return [(Path(root) / r).read_bytes().decode("utf-8", errors="replace") for r in rels]
-
-# %% ../../nbs/34_train.ipynb #662de24c
-def encode_stream(tok, texts: list[str]) -> torch.Tensor:
-    "One int32 stream: each text as `bos, tokens…, eos` (the tokenizer adds `bos`)."
-    eos = tok.token_to_id(EOS)
-    return torch.tensor([t for e in tok.encode_batch(texts) for t in e.ids + [eos]], dtype=torch.int32)
-
-# %% ../../nbs/34_train.ipynb #c00a4db4
-def model_config(vocab_size: int = 4096, noise_id: int = 4, **overrides) -> ModelConfig:
-    "The default model's configuration (target + 2 DSpark stages); `overrides` for smaller test models."
-    yarn = {"type": "yarn", "factor": 2, "original_max_position_embeddings": 1024, "beta_fast": 32, "beta_slow": 1}
-    d = dict(vocab_size=vocab_size, hidden_size=256, num_hidden_layers=6, num_attention_heads=4, head_dim=128,
-             qk_rope_head_dim=64, q_lora_rank=128, o_groups=2, o_lora_rank=128, sliding_window=128,
-             compress_ratios=[0, 0, 4, 32, 4, 32], csa_ratio=4, rope_scaling=yarn, max_position_embeddings=2048,
-             index_n_heads=8, index_head_dim=64, index_topk=32, n_routed_experts=8, num_experts_per_tok=2,
-             moe_intermediate_size=96, num_hash_layers=2, n_mtp_layers=2, bos_token_id=0, eos_token_id=1,
-             dspark_block_size=5, dspark_noise_token_id=noise_id, dspark_markov_rank=64)
-    d.update(overrides)
-    L, S = d["num_hidden_layers"], d["n_mtp_layers"]
-    d["compress_ratios"] = list(d["compress_ratios"][:L]) + [0] * S
-    d.setdefault("dspark_target_layer_ids", list(range(max(0, L - 3), L)))
-    return from_dict(d)
-
-def mtp_config(cfg: ModelConfig) -> ModelConfig:
-    "The same target with one NextN MTP layer instead of the DSpark stages."
-    L = cfg.num_hidden_layers
-    return replace(cfg, n_mtp_layers=1, compress_ratios=cfg.compress_ratios[:L] + [0], dspark_block_size=None,
-                   dspark_noise_token_id=None, dspark_target_layer_ids=None, dspark_markov_rank=None)
-
-@torch.no_grad()
-def init_weights(module: nn.Module, seed: int, std: float = 0.02, layers: int = 6) -> nn.Module:
-    "GPT-style init in V4 names; hash tables get distinct random experts per token. Deterministic in `seed`."
-    g = torch.Generator().manual_seed(seed)
-    for name, p in module.named_parameters():
-        leaf = name.rsplit(".", 1)[-1] if not name.endswith(".weight") else name.rsplit(".", 2)[-2]
-        if name.endswith("_fn"): v = torch.randn(p.shape, generator=g) * 0.01
-        elif name.endswith(("_base", "attn_sink", "ape", "gate.bias")): v = torch.zeros(p.shape)
-        elif name.endswith("_scale") or p.dim() == 1: v = torch.ones(p.shape)
-        elif "markov_w2" in name or "confidence_head" in name: v = torch.zeros(p.shape)
-        else:
-            v = torch.randn(p.shape, generator=g) * std
-            if leaf in ("wo_b", "w2"): v /= math.sqrt(2 * layers)           # residual-branch outputs
-        p.copy_(v.to(p.dtype))
-    for m in module.modules():
-        if isinstance(m, Gate) and m.hashed:
-            E = m.cfg.n_routed_experts
-            m.tid2eid.copy_(torch.rand(m.tid2eid.shape[0], E, generator=g).argsort(-1)[:, : m.tid2eid.shape[1]])
-    return module
-
-def checkpoint_bytes(cfg: ModelConfig) -> dict[str, int]:
-    "Bytes each part takes in a bf16 checkpoint (hc parameters, sinks and gate biases stay fp32)."
-    from dspark.model.checkpoint import draft_shapes
-    with torch.device("meta"): t = Transformer(cfg).state_dict()
-    size = lambda k, shape: _encode(k, torch.empty(shape, device="meta", dtype=torch.float32 if "tid2eid" not in k else torch.int64), "bfloat16")[k].nbytes
-    parts = {"target": {k: tuple(v.shape) for k, v in t.items()}, "dspark": draft_shapes(cfg, "dspark"),
-             "mtp": draft_shapes(mtp_config(cfg), "mtp")}
-    return {n: sum(size(k, s) for k, s in shapes.items()) for n, shapes in parts.items()}
-
-# %% ../../nbs/34_train.ipynb #249c814d
-def indexer_kl(q: torch.Tensor, entries: torch.Tensor, scores: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    "KL(attention mass over visible compressed entries ‖ softmax of the indexer's scores), mean over queries."
-    with torch.no_grad():
-        lg = torch.einsum("bthd,bnd->bhtn", q.float(), entries.float()) * scale
-        p = lg.masked_fill(~visible[:, None], float("-inf")).softmax(-1).nan_to_num(0.0).sum(1)
-        p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
-    logq = scores.float().masked_fill(~visible, float("-inf")).log_softmax(-1).masked_fill(~visible, 0.0)
-    kl = (p * (p.clamp_min(1e-9).log() - logq)).sum(-1)
-    rows = visible.any(-1)
-    return (kl * rows).sum() / rows.sum().clamp_min(1)
-
-def csa_attention_train(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "`Attention.forward` of a CSA layer, plus the indexer's KL loss."
-    cfg, (B, T, _) = attn.cfg, x.shape
-    pos = torch.arange(T, device=x.device)
-    inv = attn.inv_freq.to(x.device)
-    cos, sin = rope_cos_sin(inv, pos)
-    q, qr, kv = attn.qkv(x, cos, sin)
-    mask = window_mask(pos, pos, cfg.sliding_window).expand(B, T, T)
-    entries = attn.compressor(x, inv)
-    use = compressed_visible(pos, entries.shape[1], attn.compressor.ratio).expand(B, -1, -1)
-    loss = x.new_zeros((), dtype=torch.float32)
-    if entries.shape[1]:
-        ix, xd = attn.indexer, x.detach()
-        scores = ix.scores(xd, qr.detach(), cos, sin, ix.compressor(xd, inv))
-        loss = indexer_kl(q.detach(), entries.detach(), scores, use, cfg.head_dim ** -0.5)
-        use = ix.select(scores.detach(), use)
-    keys, mask = torch.cat([kv, entries.to(kv.dtype)], dim=1), torch.cat([mask, use], dim=-1)
-    o = sink_attention(q, keys, mask, attn.attn_sink, cfg.head_dim ** -0.5)
-    return attn.output(o, cos, sin, x.dtype), loss
-
-def target_forward(model: Transformer, ids: torch.Tensor, taps: tuple[int, ...] = (), indexer_loss: bool = False):
-    """Final residual streams `[B, T, hc, D]` (before `hc_head`), `{layer: hc-mean output}` for `taps`, and
-    the mean indexer KL over CSA layers (`None` unless `indexer_loss`)."""
-    cfg = model.cfg
-    x = model.embed(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
-    out, aux = {}, []
-    for blk in model.layers:
-        if indexer_loss and blk.attn.kind == CSA:
-            y, post, comb = hc_pre(x, *blk.site("attn"), cfg)
-            a, kl = csa_attention_train(blk.attn, blk.attn_norm(y)); aux.append(kl)
-            x = hc_post(a, x, post, comb)
-            y, post, comb = hc_pre(x, *blk.site("ffn"), cfg)
-            x = hc_post(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
-        else: x = blk(x, ids)
-        if blk.layer_id in taps: out[blk.layer_id] = x.float().mean(dim=2)
-    return x, out, (torch.stack(aux).mean() if aux else None)
-
-def final_logits(model: Transformer, x: torch.Tensor) -> torch.Tensor:
-    "Logits (fp32) from final residual streams: `hc_head`, norm, head."
-    return model.head_logits(hc_head(x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, model.cfg))
-
-# %% ../../nbs/34_train.ipynb #28c8cd57
-class Balancer:
-    "Counts expert loads of top-k routers via hooks; `step()` nudges `gate.bias` towards equal load."
-    def __init__(self, module: nn.Module, rate: float = 2e-3):
-        self.rate, self.gates = rate, [m for m in module.modules() if isinstance(m, Gate) and not m.hashed]
-        self.loads = [None] * len(self.gates)
-        self.hooks = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
-        for g in self.gates: g.bias.requires_grad_(False)
-    def _hook(self, i):
-        def hook(gate, inputs, out):
-            c = torch.bincount(out[1].flatten(), minlength=gate.cfg.n_routed_experts).float()
-            self.loads[i] = c if self.loads[i] is None else self.loads[i] + c
-        return hook
-    @torch.no_grad()
-    def step(self) -> float:
-        "Update the biases; returns the worst max/mean load ratio seen since the last step."
-        worst = 0.0
-        for g, c in zip(self.gates, self.loads):
-            if c is None: continue
-            g.bias += self.rate * torch.sign(c.mean() - c)
-            worst = max(worst, float(c.max() / c.mean().clamp_min(1e-9)))
-        self.loads = [None] * len(self.gates)
-        return worst
-    def remove(self):
-        for h in self.hooks: h.remove()
-
-def lr_at(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
-    "Linear warm-up over the first `warmup` of training, then cosine decay to `floor · peak`."
-    if progress < warmup: return peak * max(progress, 1e-3) / warmup
-    t = min((progress - warmup) / (1 - warmup), 1.0)
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
-
-def fit(module: nn.Module, loss_fn, steps: int | None = None, seconds: float | None = None, lr: float = 2e-3,
-        weight_decay: float = 0.1, log_every: int = 10, balance: bool = True, name: str = "") -> list[dict]:
-    """Train `module`'s trainable parameters on `loss_fn(step) -> (loss, {metric: tensor})` for `steps` steps
-    or `seconds` of wall time. Returns the history: one row (metric means) every `log_every` steps."""
-    assert steps or seconds, "give a step count or a time budget"
-    bal = Balancer(module) if balance else None          # freezes the gate biases: they move by load, not gradient
-    params = [p for p in module.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    other = [p for p in params if p.dim() < 2]
-    dev = params[0].device
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
-    hist, acc, n, t0, step = [], {}, 0, time.perf_counter(), 0
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    while True:
-        elapsed = time.perf_counter() - t0
-        progress = max(step / steps if steps else 0.0, elapsed / seconds if seconds else 0.0)
-        if progress >= 1: break
-        for gr in opt.param_groups: gr["lr"] = lr_at(progress, lr)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            loss, metrics = loss_fn(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        worst = bal.step() if bal else 0.0
-        step += 1
-        for k, v in {"loss": loss, "grad_norm": gnorm, **metrics}.items(): acc[k] = acc.get(k, 0) + v.detach().float()
-        acc["load_max_over_mean"] = acc.get("load_max_over_mean", 0) + worst
-        n += 1
-        if step % log_every == 0:
-            sync()
-            row = {"step": step, "time": round(time.perf_counter() - t0, 2), "lr": opt.param_groups[0]["lr"]}
-            row.update({k: (v.tolist() if torch.is_tensor(v) and v.dim() else round(float(v), 5)) for k, v in
-                        ((k, v / n) for k, v in acc.items())})
-            hist.append(row); acc, n = {}, 0
-            if log_every >= 10 and step % (log_every * 10) == 0:
-                print(f"{name} step {step} {row['time']:.0f}s " + " ".join(f"{k}={v:.4f}" for k, v in row.items()
-                                                                        if isinstance(v, float) and k not in ("time", "lr")), flush=True)
-    if bal: bal.remove()
-    return hist
-
-def window_batch(stream: torch.Tensor, batch: int, seq_len: int, g: torch.Generator) -> torch.Tensor:
-    "`[batch, seq_len + 1]` windows of the token stream at random offsets (inputs and shifted labels)."
-    starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=g)
-    return stream[starts[:, None] + torch.arange(seq_len + 1)].long()
-
-def train_target(model: Transformer, stream: torch.Tensor, batch: int, seq_len: int, seed: int, steps=None,
-                 seconds=None, lr: float = 2e-3, indexer_weight: float = 1.0, log_every: int = 10) -> list[dict]:
-    "Next-token cross-entropy on random windows, plus the indexer's KL."
-    g, dev = torch.Generator().manual_seed(seed), model.embed.weight.device
-    def loss_fn(step):
-        w = window_batch(stream, batch, seq_len, g).to(dev)
-        x, _, kl = target_forward(model, w[:, :-1], indexer_loss=True)
-        lm = F.cross_entropy(final_logits(model, x).flatten(0, 1), w[:, 1:].flatten())
-        kl = kl if kl is not None else lm.new_zeros(())
-        return lm + indexer_weight * kl, {"lm": lm, "indexer_kl": kl}
-    return fit(model, loss_fn, steps, seconds, lr, log_every=log_every, name="target")
-
-# %% ../../nbs/34_train.ipynb #95ca6b54
-@torch.no_grad()
-def continue_greedy_or_sampled(model: Transformer, prompts: torch.Tensor, new_tokens: int, temperature: float,
-                               g: torch.Generator | None = None) -> torch.Tensor:
-    "Append `new_tokens` target tokens to each prompt row (argmax at `temperature == 0`, else sampled)."
-    ids = prompts
-    for _ in range(new_tokens):
-        x, _, _ = target_forward(model, ids)
-        logits = final_logits(model, x[:, -1:])[:, 0]
-        if temperature == 0: nxt = logits.argmax(-1)
-        else: nxt = torch.multinomial((logits / temperature).softmax(-1).cpu(), 1, generator=g)[:, 0].to(ids.device)
-        ids = torch.cat([ids, nxt[:, None]], dim=1)
-    return ids
-
-@torch.no_grad()
-def distill_batch(model: Transformer, stream: torch.Tensor, n: int, prompt_len: int, new_tokens: int,
-                  temperature: float, g: torch.Generator) -> dict:
-    """`n` sequences `bos + prompt + continuation` with the drafters' inputs: `ids [n, T]`, `feats [n, T, m·D]`,
-    `final [n, T, hc, D]`, the first generated position `start` and `valid [n]` (length up to the first eos)."""
-    dev, cfg = model.embed.weight.device, model.cfg
-    body = window_batch(stream, n, prompt_len - 2, g)[:, : prompt_len - 1].to(dev)
-    prompts = torch.cat([torch.full((n, 1), cfg.bos_token_id, device=dev), body], dim=1)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-        ids = continue_greedy_or_sampled(model, prompts, new_tokens, temperature, g)
-        x, taps, _ = target_forward(model, ids, taps=tuple(cfg.dspark_target_layer_ids))
-    eos = ids[:, prompt_len:] == cfg.eos_token_id
-    first = torch.where(eos.any(1), eos.float().argmax(1) + prompt_len + 1, torch.full_like(eos[:, 0], ids.shape[1], dtype=torch.long))
-    feats = torch.cat([taps[l] for l in cfg.dspark_target_layer_ids], dim=-1)
-    return {"ids": ids, "feats": feats.to(torch.bfloat16), "final": x.to(torch.bfloat16), "start": prompt_len,
-            "valid": first, "temperature": temperature, "kind": "continuation"}
-
-@torch.no_grad()
-def corpus_batch(model: Transformer, stream: torch.Tensor, n: int, seq_len: int, g: torch.Generator,
-                 chunk: int = 512, start: int = 8) -> dict:
-    """`n` training-corpus windows with the same drafter inputs as `distill_batch`; their labels are the
-    target's own greedy choices at each position (`kind = "corpus"`), anchors from position `start`."""
-    dev, cfg = model.embed.weight.device, model.cfg
-    ids = window_batch(stream, n, seq_len - 1, g).to(dev)
-    feats, finals = [], []
-    for i in range(0, n, chunk):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            x, taps, _ = target_forward(model, ids[i:i + chunk], taps=tuple(cfg.dspark_target_layer_ids))
-        feats.append(torch.cat([taps[l] for l in cfg.dspark_target_layer_ids], -1).to(torch.bfloat16))
-        finals.append(x.to(torch.bfloat16))
-    return {"ids": ids, "feats": torch.cat(feats), "final": torch.cat(finals), "start": start,
-            "valid": torch.full((n,), seq_len, device=dev), "temperature": None, "kind": "corpus"}
-
-# %% ../../nbs/34_train.ipynb #fd453d03
-def dspark_block_train(d: DSparkDrafter, ids: torch.Tensor, feats: torch.Tensor, seq: torch.Tensor,
-                       P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced DSpark logits `[N, γ, V]` (fp32, Markov-corrected) and confidence logits `[N, γ]` for
-    anchors at positions `P [N]` of sequences `seq [N]`, given tokens `ids [B, T]` and features `[B, T, m·D]`."""
-    cfg, g = d.cfg, d.block_size
-    w = cfg.sliding_window
-    B, T = ids.shape
-    dev = ids.device
-    rows_all = d.context_kv(feats.reshape(B * T, -1), torch.arange(T, device=dev).repeat(B))
-    j = P[:, None] - w + torch.arange(w, device=dev)                              # context positions [N, w]
-    ok, flat = j >= 0, seq[:, None] * T + j.clamp_min(0)
-    ctx = [r[flat] for r in rows_all]
-    N = len(P)
-    block_ids = torch.cat([ids[seq, P][:, None], torch.full((N, g - 1), cfg.dspark_noise_token_id, device=dev)], 1)
-    x = d.target.embed(block_ids)[:, :, None, :].expand(N, g, cfg.hc_mult, -1).contiguous()
-    pos = P[:, None] + torch.arange(g, device=dev)
-    mask = torch.cat([ok[:, None, :].expand(N, g, w), torch.ones(N, g, g, dtype=torch.bool, device=dev)], -1)
-    for st, rows in zip(d.mtp, ctx):
-        y, post, comb = hc_pre(x, *st.site("attn"), cfg)
-        y = st.attn_norm(y)
-        cos, sin = rope_cos_sin(st.attn.inv_freq.to(dev), pos)
-        q, _, kv = st.attn.qkv(y, cos, sin)
-        o = sink_attention(q, torch.cat([rows.to(kv.dtype), kv], 1), mask, st.attn.attn_sink, cfg.head_dim ** -0.5)
-        x = hc_post(st.attn.output(o, cos, sin, y.dtype), x, post, comb)
-        y, post, comb = hc_pre(x, *st.site("ffn"), cfg)
-        x = hc_post(st.ffn(st.ffn_norm(y)), x, post, comb)
-    h = hc_head(x, d.last.hc_head_fn, d.last.hc_head_base, d.last.hc_head_scale, cfg)
-    prev = ids[seq[:, None], pos]                                                  # [x0, y1 .. y_{γ-1}]
-    e = d.last.markov_head.markov_w1(prev)
-    logits = d.base_logits(h) + d.last.markov_head.markov_w2(e).float()
-    conf = F.linear(torch.cat([h.float(), e.float()], -1), d.last.confidence_head.proj.weight.float())[..., 0]
-    return logits, conf
-
-# %% ../../nbs/34_train.ipynb #827890d1
-def block_loss(logits, conf, labels, t_logits, mask, decay: float = 4.0, alphas=(0.1, 0.9, 1.0)):
-    "The DSpark loss; returns `(loss, metrics)` with per-position teacher-forced greedy accuracy."
-    k = torch.arange(logits.shape[1], device=logits.device)
-    w = torch.exp(-k / decay)[None] * mask
-    W = w.sum().clamp_min(1e-9)
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(w)
-    tv = (logits.softmax(-1) - t_logits.float().softmax(-1)).abs().sum(-1)
-    c_star = (1 - 0.5 * tv).clamp(0, 1).detach()
-    bce = F.binary_cross_entropy_with_logits(conf, c_star, reduction="none")
-    loss = ((alphas[0] * ce + alphas[1] * tv + alphas[2] * bce) * w).sum() / W
-    hit = (logits.argmax(-1) == labels).float() * mask
-    return loss, {"ce": (ce * w).sum() / W, "tv": (tv * w).sum() / W, "conf_bce": (bce * w).sum() / W,
-                  "acc": hit.sum(0) / mask.sum(0).clamp_min(1)}
-
-def sample_anchors(T: int, start: int, seqs: int, per_seq: int, g: torch.Generator, block: int):
-    "`per_seq` anchors `P ∈ [start, T−1−γ]` for each of `seqs` sequences: `(sequence index, P)`, flat."
-    P = torch.randint(start, T - block, (seqs, per_seq), generator=g)
-    return torch.arange(seqs).repeat_interleave(per_seq), P.flatten()
-
-def train_dspark(d: DSparkDrafter, data: list[dict], seqs: int, anchors: int, seed: int, steps=None, seconds=None,
-                 lr: float = 2e-3, log_every: int = 10) -> list[dict]:
-    "Distil the target into the DSpark drafter on `data` (batches from `distill_batch`)."
-    g, tgt, gam = torch.Generator().manual_seed(seed), d.target, d.block_size
-    dev = tgt.embed.weight.device
-    def loss_fn(step):
-        b = data[int(torch.randint(len(data), (1,), generator=g))]
-        rows = torch.randint(len(b["ids"]), (seqs,), generator=g).to(dev)
-        ids, feats, final, valid = b["ids"][rows], b["feats"][rows], b["final"][rows], b["valid"][rows]
-        seq, P = sample_anchors(ids.shape[1], b["start"], seqs, anchors, g, gam)
-        seq, P = seq.to(dev), P.to(dev)
-        logits, conf = dspark_block_train(d, ids, feats, seq, P)
-        pos = P[:, None] + torch.arange(1, gam + 1, device=dev)                      # label positions P+1..P+γ
-        with torch.no_grad(): t_logits = final_logits(tgt, final[seq[:, None], pos - 1].float())
-        mask = (pos < valid[seq][:, None]).float()
-        labels = t_logits.argmax(-1) if b["kind"] == "corpus" else ids[seq[:, None], pos]
-        return block_loss(logits, conf, labels, t_logits, mask)
-    return fit(d, loss_fn, steps, seconds, lr, weight_decay=0.0, log_every=log_every, name="dspark")
-
-# %% ../../nbs/34_train.ipynb #79aa0a33
-def mtp_train_logits(m: MTPDrafter, ids: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
-    "Logits `[B, T−1, V]` (row `p` predicts token `p+2`) from target streams `final [B, T, hc, D]`."
-    st, tgt = m.mtp[0], m.target
-    e = st.e_proj(st.enorm(tgt.embed(ids[:, 1:])))
-    x = e.unsqueeze(2) + st.h_proj(st.hnorm(final[:, :-1].to(e.dtype)))
-    x = st(x, ids[:, 1:])
-    return tgt.head(st.norm(hc_head(x, st.hc_head_fn, st.hc_head_base, st.hc_head_scale, m.cfg))).float()
-
-def train_mtp(m: MTPDrafter, data: list[dict], seqs: int, seed: int, steps=None, seconds=None, lr: float = 2e-3,
-              log_every: int = 10) -> list[dict]:
-    "Distil the target's next-next token into the MTP layer on the continuation part of `data`."
-    g, tgt = torch.Generator().manual_seed(seed), m.target
-    dev = tgt.embed.weight.device
-    def loss_fn(step):
-        b = data[int(torch.randint(len(data), (1,), generator=g))]
-        rows = torch.randint(len(b["ids"]), (seqs,), generator=g).to(dev)
-        ids, final = b["ids"][rows], b["final"][rows]
-        logits = mtp_train_logits(m, ids, final)                                   # [B, T-1, V]
-        with torch.no_grad(): t_logits = final_logits(tgt, final[:, 1:].float())   # row p+1 predicts p+2
-        T = ids.shape[1]
-        p2 = torch.arange(2, T + 1, device=dev)[None]                              # predicted positions
-        mask = ((p2 >= b["start"]) & (p2 < b["valid"][rows][:, None])).float()[:, : T - 1]
-        labels = torch.cat([ids[:, 2:], ids[:, :1]], 1)                            # last row is masked
-        if b["kind"] == "corpus": labels = t_logits.argmax(-1)
-        mask[:, -1] = 0
-        loss, met = block_loss(logits, torch.zeros_like(mask), labels, t_logits, mask, decay=float("inf"),
-                               alphas=(0.1, 0.9, 0.0))
-        return loss, {k: v for k, v in met.items() if k != "conf_bce"} | {"acc": (met["acc"] * mask.sum(0)).sum() / mask.sum()}
-    return fit(m, loss_fn, steps, seconds, lr, weight_decay=0.0, log_every=log_every, name="mtp")
+__all__ = ['save_model', 'perplexity', 'acceptance', 'evaluate', 'main']
 
 # %% ../../nbs/34_train.ipynb #6308a4d7
 def _write_shards(path: Path, shards: dict[str, dict[str, torch.Tensor]], extern: dict[str, str] | None = None):
@@ -424,7 +40,7 @@ def _write_shards(path: Path, shards: dict[str, dict[str, torch.Tensor]], extern
     wm, total = dict(extern or {}), 0
     for fname, state in shards.items():
         enc = {}
-        for k, t in state.items(): enc.update(_encode(k, t.detach().cpu(), "bfloat16"))
+        for k, t in state.items(): enc.update(encode_tensor(k, t.detach().cpu(), "bfloat16"))
         save_file(enc, path / fname, metadata={"format": "pt"})
         wm.update({k: fname for k in enc}); total += sum(t.numel() * t.element_size() for t in enc.values())
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
@@ -457,13 +73,6 @@ def perplexity(model: Transformer, stream: torch.Tensor, seq_len: int = 512, bat
         tot += F.cross_entropy(final_logits(model, x).flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
         cnt += w[:, 1:].numel()
     return math.exp(tot / max(cnt, 1))
-
-def heldout_prompts(tok, texts: list[str], n: int, length: int = 128) -> list[list[int]]:
-    "`bos` + `length − 1` tokens from the middle of `n` held-out files (evenly spread over those long enough)."
-    enc = [e.ids for e in tok.encode_batch(texts)]
-    enc = [ids for ids in enc if len(ids) >= 2 * length]
-    pick = [enc[round(i * (len(enc) - 1) / max(n - 1, 1))] for i in range(min(n, len(enc)))]
-    return [ids[:1] + ids[len(ids) // 2: len(ids) // 2 + length - 1] for ids in pick]
 
 def acceptance(path, prompts: list[list[int]], speculative: str | None, k: int | None, temperature: float,
                max_tokens: int, device: str = "cpu", seed: int = 0) -> dict:
@@ -606,7 +215,7 @@ def main(argv=None) -> dict:
                             "tokens": (h_t[-1]["step"] if h_t else 0) * args.batch * args.seq_len,
                             "final": _final(h_t, ("loss", "lm", "indexer_kl", "load_max_over_mean"))}
     # the drafters learn against the target as shipped: bf16 weights
-    target.load_state_dict({k: v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() and not _KEEP_FP32.search(k) else v
+    target.load_state_dict({k: v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() and not KEEP_FP32.search(k) else v
                             for k, v in target.state_dict().items()})
     target.requires_grad_(False).eval()
     t0, g, data = time.perf_counter(), torch.Generator().manual_seed(args.seed + 1), []
