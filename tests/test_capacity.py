@@ -11,7 +11,7 @@ import dspark
 from dspark.spec.capacity import (DeviceAllocator, LaggedBudget, SPSCurve, admit_top, batch_survival, eager_verify_fit,
                              first_token_law, global_lengths, scheduler_lengths, search_budget, threshold_lengths)
 from dspark.spec.controller import CapacityConfig, capacity_sweep
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.engine.metrics import EngineMetrics, scrape
 from dspark.sample.sampling import SamplingParams
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine.core import greedy_verify
+from dspark.runtime.runner import greedy_verify
 from dspark.runtime.fused_round import RoundGraphs, greedy_accept
 from dspark.runtime.graphs import GraphRunner
 from dspark.cache.kv_cache import SeqView

@@ -21,7 +21,7 @@ import torch
 
 from .capacity import (DeviceAllocator, SPSCurve, LaggedBudget, batch_survival, capture_sizes, check_threshold,
                        graph_bucket, resolve_sps, scheduler_lengths, threshold_lengths)
-from ..engine.scheduler import all_plain_greedy
+from ..request import all_plain_greedy
 
 log = logging.getLogger("dspark")
 
