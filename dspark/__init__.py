@@ -22,4 +22,5 @@ from dspark.model.checkpoint import CheckpointError, load_target, make_tiny_chec
 from dspark.model.transformer import Transformer
 from dspark.sample.sampling import SamplingParams
 from dspark.tokenizer import Tokenizer
-from dspark.engine.core import LLM, CompletionOutput, RequestOutput
+from dspark.engine.outputs import CompletionOutput, RequestOutput
+from dspark.entrypoints.llm import LLM

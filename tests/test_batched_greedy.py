@@ -6,7 +6,7 @@ import torch
 
 import dspark
 from dspark.model.drafter import load_drafter
-from dspark.engine.core import greedy_verify
+from dspark.runtime.runner import greedy_verify
 from dspark.sample.rejection import rejection_sample
 from dspark.sample.sampling import SamplingParams
 from dspark.spec.proposers import DSparkProposer

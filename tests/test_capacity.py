@@ -13,7 +13,7 @@ from dspark.spec.capacity import (LaggedBudget, SPSCurve, admit_top, batch_survi
 from dspark.spec.device_policy import DeviceAllocator
 from dspark.spec.controller import CapacityConfig
 from dspark.tools.capacity_sweep import capacity_sweep
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.engine.metrics import EngineMetrics, scrape
 from dspark.sample.sampling import SamplingParams
 

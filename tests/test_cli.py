@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from dspark.engine.args import EngineArgs
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.entrypoints.serve import parse_args, resolve
 from serving import ROOT
 

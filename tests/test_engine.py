@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -189,12 +189,13 @@ def test_chat_uses_the_template(llm):
 
 
 def test_abort_frees_blocks(tiny_ckpt):
-    from dspark.engine.scheduler import Request
+    from dspark.request import Request
+    from dspark.runtime.runner import RunnerOutput
     eng = LLM(tiny_ckpt, max_num_seqs=2, kv_cache_memory_bytes=16 * 2**20)
     s, kv = eng.scheduler, eng.scheduler.kv
     free0 = kv.comp.num_free
     s.add(Request("a", list(range(2, 90)), SamplingParams(), seed=1))
-    s.update(s.schedule(), {})
+    s.update(s.schedule(), RunnerOutput())
     assert kv.comp.num_free < free0
     assert s.abort("a").finish_reason == "abort" and kv.comp.num_free == free0 and not s.has_work()
     assert s.abort("missing") is None
@@ -213,10 +214,19 @@ def test_a_step_may_hold_more_tokens_than_one_sequence_may(tmp_path):
 
 def test_request_span_is_a_slice_of_the_whole_sequence():
     "`Request.span(a, b)` equals `(prompt + output + drafts)[a:b]` for every range, without building the sequence."
-    from dspark.engine.scheduler import Request
+    from dspark.request import Request
     r = Request("r", [1, 2, 3, 4], SamplingParams(), 0, output_ids=[5, 6], drafts=[7, 8, 9])
     whole = r.prompt_ids + r.output_ids + r.drafts
     for a in range(len(whole) + 1):
         for b in range(a, len(whole) + 2):
             assert r.span(a, b) == whole[a:b], (a, b)
     assert Request("s", [1], SamplingParams(), 0) != Request("s", [1], SamplingParams(), 0)   # requests are identities
+
+
+def test_llm_without_a_model_loads_the_embedded_default():
+    "`dspark.LLM()` serves the embedded model, as `python -m dspark.serve` does with no `--model`."
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    llm = dspark.LLM(max_num_seqs=1, kv_cache_memory_bytes=16 * 2**20)
+    assert llm.model_path == DEFAULT_MODEL and llm.engine.model_path == DEFAULT_MODEL
+    out = llm.generate(["def main("], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4 and out.prompt_token_ids == llm.tokenizer.encode("def main(")

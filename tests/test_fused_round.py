@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine.core import greedy_verify
+from dspark.runtime.runner import greedy_verify
 from dspark.kernels.round import greedy_accept
 from dspark.runtime.fused_round import RoundGraphs
 from dspark.runtime.graphs import GraphRunner

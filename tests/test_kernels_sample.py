@@ -7,7 +7,7 @@ import torch
 
 import dspark
 import dspark.model.drafter as D
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.kernels.sample import draw_keyed_triton, draw_splits, keyed_uniforms_triton
 from dspark.sample.rejection import rejection_sample, verify_keyed
 from dspark.sample.sampling import (STREAMS, RowParams, SamplingParams, draw_keyed, keyed_uniform, keyed_uniforms, philox4x32,

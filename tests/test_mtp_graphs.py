@@ -9,10 +9,10 @@ import dspark
 from dspark import LLM, SamplingParams
 from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import next_ids
+from dspark.runtime.runner import next_ids
 from dspark.model.mtp import MTPRing, load_mtp
 from dspark.runtime.mtp_graphs import MTPGraphs
-from dspark.engine.scheduler import Request
+from dspark.request import Request
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
 

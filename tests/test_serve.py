@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.engine.metrics import scrape, spec_decode_delta
 from dspark.sample.sampling import SamplingParams
 from serving import ROOT, start_server

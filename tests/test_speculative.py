@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached
 from dspark.sample.sampling import SamplingParams
 

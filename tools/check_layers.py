@@ -11,7 +11,8 @@ well), maps each import to the module it reaches, and fails on
 - a private name (`_x`) imported from another module,
 - a module longer than `MAX_LINES`.
 
-It also reports the number of floors the modules actually stand on (the longest import chain). The package face
+It also counts the floors the rooms (subpackages, and the plain root modules as one room) actually stand on: the
+longest chain of rooms importing rooms, which must stay within `MAX_FLOORS`. The package face
 (`dspark/__init__.py`) and the two `python -m` faces (`dspark/serve.py`, `dspark/bench.py`) sit above everything:
 they only re-export. Standard library only, so CI can run it before anything is installed.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dspark"
 MAX_LINES = 450
+MAX_FLOORS = 10
 # floor of each top-level unit of the package, lowest first (plain root modules are floor 0)
 FLOORS = {"sample": 1, "model": 2, "cache": 3, "kernels": 4, "spec": 5, "runtime": 6, "engine": 7,
           "distributed": 8, "entrypoints": 9, "tools": 10}
@@ -38,6 +40,13 @@ def modules() -> dict[str, Path]:
         name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
         out[name.removesuffix(".__init__")] = p
     return out
+
+
+def unit(mod: str) -> str:
+    "The room a module lives in: its subpackage, `root` for the plain modules beside the face, `face` for the faces."
+    if mod in FACES: return "face"
+    parts = mod.split(".")
+    return parts[1] if parts[1] in FLOORS else "root"
 
 
 def floor(mod: str) -> int:
@@ -127,17 +136,21 @@ def check() -> tuple[list[str], dict]:
     for m, n in sorted(lines.items()):
         if n > MAX_LINES: problems.append(f"module too long: {m} {n} lines (limit {MAX_LINES})")
     inner = {m: {t for t in ts if t not in FACES} for m, ts in edges.items() if m not in FACES}
-    floors = max(depth(inner).values())
+    rooms: dict[str, set[str]] = {unit(m): set() for m in inner}
+    for m, ts in inner.items(): rooms[unit(m)] |= {unit(t) for t in ts} - {unit(m)}
+    floors = max(depth(rooms).values()) if not strongly_connected(rooms) else None
+    if floors is None or floors > MAX_FLOORS: problems.append(f"the rooms stand on {floors} floors (limit {MAX_FLOORS})")
     longest = max(lines, key=lines.get)
-    stats = {"modules": len(mods), "floors": floors, "edges": sum(map(len, inner.values())),
-             "longest": f"{longest} ({lines[longest]} lines)"}
+    stats = {"modules": len(mods), "floors": floors, "chain": max(depth(inner).values()) if not problems else None,
+             "edges": sum(map(len, inner.values())), "longest": f"{longest} ({lines[longest]} lines)"}
     return problems, stats
 
 
 if __name__ == "__main__":
     problems, stats = check()
-    print(f"dspark import graph: {stats['modules']} modules, {stats['edges']} imports, {stats['floors']} floors, "
-          f"longest {stats['longest']}")
+    print(f"dspark import graph: {stats['modules']} modules, {stats['edges']} imports; the subpackages stand on "
+          f"{stats['floors']} floors (the longest chain of module imports: {stats['chain']} modules); longest module "
+          f"{stats['longest']}")
     if "--graph" in sys.argv:
         mods = {m: p for m, p in modules().items() if m not in GENERATED}
         for m, p in mods.items():

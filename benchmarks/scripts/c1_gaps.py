@@ -7,7 +7,8 @@ import collections, json, os, time, torch
 from torch.profiler import profile, ProfilerActivity
 from dspark.tools.bench import _default_model_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import LLM, frozen_heap
+from dspark.engine.core import frozen_heap
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 
 OUT = os.environ.get("OUT", ".")

@@ -11,7 +11,8 @@ import json, os, statistics, time, torch
 from dspark.tools.bench import _default_model_prompts, timed_batch, decode_run, machine
 from dspark.tools.capacity_sweep import capacity_attached, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import LLM, frozen_heap
+from dspark.engine.core import frozen_heap
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 
 OUT, REPEATS = os.environ["OUT"], int(os.environ.get("REPEATS", 5))

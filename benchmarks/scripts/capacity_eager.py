@@ -12,7 +12,7 @@ assert dspark.__file__.startswith(pkg), dspark.__file__
 from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.tools.records import split_raw, write_record
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 
 OUT, DEV = os.environ.get("OUT"), os.environ.get("DEVICE", "cpu")

@@ -7,7 +7,8 @@ import json, os, statistics, time, torch
 from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.tools.records import split_raw, write_record
-from dspark.engine.core import LLM, frozen_heap
+from dspark.engine.core import frozen_heap
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 
 OUT, t0 = os.environ.get("OUT"), time.time()

@@ -8,7 +8,8 @@ import torch
 from dspark.spec.online import PlainSwitch
 from dspark.tools.capacity_sweep import capacity_attached, sweep_run, sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import LLM, frozen_heap
+from dspark.engine.core import frozen_heap
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 CONC = tuple(int(c) for c in os.environ.get("CONC", "16 64").split())
 REPEATS, TOKENS, K = int(os.environ.get("REPEATS", 5)), 128, 5

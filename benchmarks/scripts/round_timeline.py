@@ -5,7 +5,7 @@ import json, os, sys, time, statistics
 import torch
 from dspark.tools.bench import _default_model_prompts, machine
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 import dspark.runtime.fused_round as F, dspark.runtime.overlap as O
 

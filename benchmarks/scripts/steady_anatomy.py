@@ -6,7 +6,8 @@ before it, and which graphs it replayed. Steps fall in three classes: `admit` (s
 import itertools, json, os, time, torch
 from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import LLM, frozen_heap
+from dspark.engine.core import frozen_heap
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 OUT, DEV = os.environ["OUT"], os.environ.get("DEVICE", "cuda")
 sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)

@@ -5,7 +5,7 @@ environment: C (64), WAVES (4), REPEATS (the script's default), TOKENS (128)."""
 import os
 from dspark.tools.capacity_sweep import sweep_prompts
 from dspark.model.checkpoint import DEFAULT_MODEL
-from dspark.engine.core import LLM
+from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 
 def steady_engine(repeats: int):

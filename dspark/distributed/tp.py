@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..model.checkpoint import load_target
 from ..config import load_config
-from ..engine.core import LLM
+from ..engine.core import EngineCore
 from .sharding import RankCanon, TPDivergence, check_tp_size, shard_drafter, shard_model
 from ..sample.sampling import SamplingParams
 
@@ -33,7 +33,7 @@ log = logging.getLogger("dspark")
 
 # %% auto #0
 __all__ = ['log', 'ENV_DEBUG', 'ENV_TIMEOUT', 'IDLE', 'STARTUP_S', 'TPError', 'Rendezvous', 'torchrun_rendezvous',
-           'check_devices', 'TPLLM', 'main']
+           'check_devices', 'TPEngineCore', 'main']
 
 # %% ../../nbs/31_tp_engine.ipynb #de08343b
 ENV_DEBUG, ENV_TIMEOUT = "DSPARK_TP_DEBUG", "DSPARK_TP_TIMEOUT"
@@ -137,13 +137,14 @@ def _follower_main(rdv: Rendezvous, args: tuple, kwargs: dict) -> None:
     logging.getLogger("dspark").addHandler(logging.NullHandler())     # rank 0 prints the start-up lines
     if not str(kwargs.get("device", "cpu")).startswith("cuda"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // rdv.world))
-    TPLLM(*args, **kwargs)                                             # returns only by SystemExit
+    TPEngineCore(*args, **kwargs)                                             # returns only by SystemExit
 
 # %% ../../nbs/31_tp_engine.ipynb #c207278d
-class TPLLM(LLM):
-    "`LLM` over N tensor-parallel ranks; this object is rank 0 (on other ranks the constructor follows, then exits)."
+class TPEngineCore(EngineCore):
+    """An `EngineCore` on each of N tensor-parallel ranks; rank 0's is the one `dspark.LLM` drives (on other ranks the
+    constructor follows rank 0, then exits)."""
     def __init__(self, *args, tp_debug: bool | None = None, tp_timeout: float | None = None, **kwargs):
-        a = inspect.signature(LLM.__init__).bind(self, *args, **kwargs)
+        a = inspect.signature(EngineCore.__init__).bind(self, *args, **kwargs)
         a.apply_defaults()
         a = dict(a.arguments); a.pop("self")
         n, device = a["tensor_parallel_size"], str(a["device"])
@@ -180,7 +181,7 @@ class TPLLM(LLM):
         if self.rank: self._follow()
 
     def _decision_canon(self) -> RankCanon:
-        "`LLM` asks for this while building the runner, so even start-up decisions (the SPS curve) are rank 0's."
+        "`EngineCore` asks for this while building the runner, so even start-up decisions (the SPS curve) are rank 0's."
         return RankCanon(self._group.objs, self.debug)
 
     def _join(self, rdv: Rendezvous | None, args: tuple, kwargs: dict, device: str) -> None:
@@ -248,7 +249,7 @@ class TPLLM(LLM):
         return super().step()
 
     def run_on_ranks(self, fn, *args):
-        "Run `fn(llm, *args)` on every rank (a picklable, module-level `fn`); returns rank 0's result."
+        "Run `fn(core, *args)` on every rank (a picklable, module-level `fn`); returns rank 0's result."
         return self._guard(self._call, fn, args)
 
     def _call(self, fn, args: tuple):
@@ -271,7 +272,7 @@ class TPLLM(LLM):
         "Run a step-like call; any failure leaves the group unusable, and a stuck collective becomes a `TPError`."
         g = self._group
         if g.broken is not None: raise TPError(f"the tensor-parallel group is unusable after an earlier failure: {g.broken}")
-        if g.closed: raise TPError("the tensor-parallel LLM is closed")
+        if g.closed: raise TPError("the tensor-parallel engine is closed")
         try: return fn(*args)
         except TPDivergence as e: g.broken = _why(e); raise
         except Exception as e:
@@ -290,10 +291,10 @@ class TPLLM(LLM):
                     for op in msg[1]:
                         if op[0] == "add":
                             _, rid, ids, params, seed = op
-                            LLM.add_request(self, ids, params, rid)
+                            EngineCore.add_request(self, ids, params, rid)
                             self._tracks[rid].req.seed = seed
-                        else: LLM.abort_request(self, op[1])
-                    for d in LLM.step(self):
+                        else: EngineCore.abort_request(self, op[1])
+                    for d in EngineCore.step(self):
                         if d.finished: self._tracks.pop(d.request_id, None)
                 else: msg[1](self, *msg[2])
         except Exception as e:
@@ -313,11 +314,11 @@ class TPLLM(LLM):
         if d is not None: shard_drafter(d, self.rank, self.world)
         return d
 
-def _full_logits(llm: TPLLM, ids: torch.Tensor) -> torch.Tensor:
-    return llm.model.logits(ids.to(llm.model.head.weight.device)).cpu()
+def _full_logits(core: TPEngineCore, ids: torch.Tensor) -> torch.Tensor:
+    return core.model.logits(ids.to(core.model.head.weight.device)).cpu()
 
-def _set_debug(llm: TPLLM, on: bool) -> None:
-    llm.debug = llm.runner.canon.debug = bool(on)
+def _set_debug(core: TPEngineCore, on: bool) -> None:
+    core.debug = core.runner.canon.debug = bool(on)
 
 # %% ../../nbs/31_tp_engine.ipynb #516a5612
 def main(argv: list[str] | None = None) -> int:
@@ -335,16 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     prompts = json.loads(a.prompt_ids) if a.prompt_ids else a.prompt
     if not prompts: p.error("give --prompt or --prompt-ids")
-    llm = LLM(a.model, speculative=a.speculative, num_speculative_tokens=a.num_speculative_tokens, device=a.device,
-              dtype=a.dtype, tensor_parallel_size=a.tensor_parallel_size, seed=a.seed,
-              max_num_seqs=max(4, len(prompts)), kv_cache_memory_bytes=64 * 2**20)   # ranks > 0 follow here, then exit
+    core = TPEngineCore(a.model, speculative=a.speculative, num_speculative_tokens=a.num_speculative_tokens,
+                        device=a.device, dtype=a.dtype, tensor_parallel_size=a.tensor_parallel_size, seed=a.seed,
+                        max_num_seqs=max(4, len(prompts)), kv_cache_memory_bytes=64 * 2**20)   # ranks > 0 follow, then exit
     sp = SamplingParams(temperature=a.temperature, max_tokens=a.max_tokens, ignore_eos=a.ignore_eos)
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    ids = [core.add_request(p, sp, stream_text=False) for p in prompts]
+    while core.has_unfinished_requests(): core.step()
+    outs = [core.pop_output(rid) for rid in ids]
     print(json.dumps([{"token_ids": o.outputs[0].token_ids, "text": o.outputs[0].text,
                        "finish_reason": o.outputs[0].finish_reason} for o in outs]))
-    llm.close()
+    core.close()
     return 0
 
 # %% ../../nbs/31_tp_engine.ipynb #c5c54fa7
-if __name__ == "__main__" and "__file__" in globals() and Path(__file__).stem == "tp_engine":
+if __name__ == "__main__" and "__file__" in globals() and Path(__file__).stem == "tp":
     sys.exit(main())

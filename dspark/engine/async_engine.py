@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .core import LLM, RequestDelta
+from .core import EngineCore
+from .outputs import RequestDelta
 from .metrics import EngineMetrics
 from ..sample.sampling import SamplingParams
 
@@ -45,8 +46,9 @@ class _Open:
 
 # %% ../../nbs/29_async_engine.ipynb #0e191cef
 class AsyncEngine:
-    "Runs an `LLM` in a background thread; `generate` is an async iterator of per-step `RequestDelta`s."
-    def __init__(self, llm: LLM, max_waiting: int = 256, metrics: EngineMetrics | None = None, idle_wait: float = 0.05):
+    """Runs an engine (an `EngineCore`, or the `dspark.LLM` over one) in a background thread; `generate` is an async
+    iterator of per-step `RequestDelta`s."""
+    def __init__(self, llm: EngineCore, max_waiting: int = 256, metrics: EngineMetrics | None = None, idle_wait: float = 0.05):
         self.llm, self.metrics, self.idle_wait = llm, metrics, idle_wait
         self.max_in_flight = llm.scheduler.sc.max_num_seqs + max_waiting
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()

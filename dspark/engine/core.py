@@ -1,4 +1,4 @@
-"""Glue: requests in, scheduler, model runner, sampler, detokeniser and stop checks, outputs out — the `dspark.LLM` users call, shaped like vLLM's.
+"""Glue: requests in, scheduler, model runner, detokeniser and stop checks, outputs out. `EngineCore.step` is schedule, execute, update, then outputs; `dspark.LLM` (chapter 32a) is the user's face over it.
 
 Docs: https://dspark-dev.github.io/dspark/engine.html.md"""
 
@@ -8,358 +8,34 @@ Docs: https://dspark-dev.github.io/dspark/engine.html.md"""
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from ..model.checkpoint import load_target
 from ..model.drafter import load_drafter
 from ..model.mtp import load_mtp
-from ..sample.rejection import SpecStats, truncate_at_stop, verify_keyed
+from ..sample.rejection import truncate_at_stop
 from ..spec.proposers import DSparkProposer, MTPProposer
 from ..spec.controller import CapacityConfig, CapacityController
-from ..cache.kv_cache import PagedKVCache, SeqView, cache_format, forward_cached, plan_cache, profile_line
+from ..cache.kv_cache import PagedKVCache, cache_format, forward_cached, plan_cache, profile_line
 from ..model.layers import batch_invariant
 from ..model.transformer import Transformer
-from ..sample.sampling import RowParams, SamplingParams, on_device, row_probs, stream_key
-from .scheduler import KVCacheManager, Request, Scheduler, SchedulerConfig, all_plain_greedy
+from ..sample.sampling import SamplingParams, stream_key
+from ..request import Request
+from ..runtime.runner import ModelRunner, RunnerOutput, as_decided
+from .outputs import CompletionOutput, RequestDelta, RequestOutput
+from .scheduler import KVCacheManager, Scheduler, SchedulerConfig
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'MAX_MTP_STEPS', 'RAGGED_GRAPH_TOKENS', 'CompletionOutput', 'RequestOutput', 'RequestDelta', 'greedy_verify',
-           'next_ids', 'ModelRunner', 'speculative_depth', 'frozen_heap', 'default_block_size', 'LLM']
-
-# %% ../../nbs/27_engine.ipynb #0c202217
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None            # "stop" | "length"
-    logprobs: list[dict[int, float]] | None = None
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool = True
-    num_cached_tokens: int = 0
-
-@dataclass
-class RequestDelta:
-    "What one engine step added to one request: the unit a server streams (several tokens when drafts were accepted)."
-    request_id: str
-    token_ids: list[int]                 # tokens committed this step
-    text: str                            # text they completed (a stop string that may still form is held back)
-    logprobs: list[dict[int, float]] | None
-    finish_reason: str | None            # set on the request's last delta
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0           # all output tokens so far
-    num_cached_tokens: int = 0
-
-    @property
-    def finished(self) -> bool: return self.finish_reason is not None
-
-@dataclass
-class _Track:
-    "A request's output side: its detokeniser, its text so far, how much of it has been handed out."
-    req: Request
-    prompt: str | None
-    detok: IncrementalDetokenizer
-    holdback: int = 0                    # characters kept back from deltas: the longest stop string minus one
-    text: str = ""
-    sent: int = 0
-    logprobs: list = field(default_factory=list)
-    stop: frozenset = frozenset()        # token ids that end it: its stop_token_ids, and eos unless ignored (built once,
-                                         # not twice a step)
-    lazy: bool = False                   # its text is wanted only once it finishes: ids are decoded then, not every step
-
-# %% ../../nbs/27_engine.ipynb #99a4e012
-def _same(decision, what: str = "decision"):
-    "The single-process `canon`: a decision is already canonical."
-    return decision
-
-def greedy_verify(drafts: list[int], targets: list[int]) -> tuple[int, list[int]]:
-    """`rejection_sample` for a greedy request, on the target's argmax tokens `targets` (one per verifying row, the
-    bonus row last): drafts are accepted while they equal the target's choice, then the target's next choice."""
-    a = 0
-    while a < len(drafts) and drafts[a] == targets[a]: a += 1
-    return a, drafts[:a] + [targets[a]]
-
-def next_ids(r: Request, toks: list[int], a: int, m: int) -> list[int]:
-    """The tokens at positions `a + 1 .. a + m` of `r`'s sequence once it commits `toks` (what MTP reads beside the
-    target's streams at positions `a .. a + m - 1`), without copying the whole sequence."""
-    N = r.num_tokens
-    return r.span(a + 1, min(a + m + 1, N)) + toks[max(0, a + 1 - N):max(0, a + m + 1 - N)]
-
-class ModelRunner:
-    "Weights, KV cache and (optionally) a drafter; runs one step's chunks, verifies drafts, samples, proposes."
-    def __init__(self, model: Transformer, cache: PagedKVCache, proposer=None, num_spec: int = 0, max_model_len: int = 0,
-                 forward: Callable = forward_cached, canon: Callable = _same):
-        self.model, self.cache, self.proposer, self.K, self.max_model_len = model, cache, proposer, num_spec, max_model_len
-        self.forward, self.canon = forward, canon
-        self.capacity = None                           # a capacity_control.CapacityController, when enabled
-        self.stats = SpecStats()
-        self.observed = False                          # whether this step's forward wrote the drafter's context itself
-        self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
-        self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
-        self.round_ahead = None                        # an overlap.RoundAhead: fused DSpark rounds launched early
-        self.draft_ahead = True                        # with round_ahead: first drafts read late, first round launched
-                                                       # behind them (`_draft_ahead`; off only to measure it)
-
-    @torch.no_grad()
-    def execute(self, batch: list[tuple[Request, int]]) -> tuple[dict[str, tuple[int, list[int]]], dict[str, list]]:
-        "Returns `{id: (positions computed, committed tokens)}` for requests that reached their last token, and logprobs."
-        dev, pr = self.model.embed.weight.device, self.proposer
-        if self.ahead is not None:                                # chapter 31: overlapped greedy decoding
-            plain = pr is None or self._plain()                   # DSpark at depth 0: its graphs write the context
-            if plain and self.ahead.takes(batch):
-                self.observed = pr is not None
-                return self._finish(batch, self.ahead.step(batch), [])
-            self.ahead.drop()
-        if self.round_ahead is not None and self.round_ahead.pending is not None:   # chapter 31: a round launched ahead
-            rd = self.round_ahead.take(batch)   # before anything below: a pageable copy of the ids would wait for it
-            if rd is not None: return self._finish(batch, *self._verify_round(self.forward.rounds, batch, None, None, rd))
-        flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
-        chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
-        seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
-        feats: list[torch.Tensor] = []
-        if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
-            for r, _ in batch: pr.claim(r.slot, r.request_id)
-        greedy = all_plain_greedy([r for r, _ in batch])
-        rounds = getattr(self.forward, "rounds", None)             # chapter 28: verify, accept and draft in one graph
-        compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
-        if greedy and rounds is not None and not self._plain() and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
-            return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
-        if self.round_ahead is not None: self.round_ahead.drop()
-        logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
-                              feats if pr and pr.final else None)
-        self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
-        decided, sampled = {}, []                                  # id -> (drafts verified, accepted, tokens, logprobs)
-        if greedy:                                                 # every row's argmax in one device-to-host copy
-            flat = getattr(logits, "flat", None)                   # a graph step's rows are one tensor already
-            top = (torch.cat(logits) if flat is None else flat).argmax(-1).tolist()
-            ends = list(itertools.accumulate(n for _, n in batch))
-        for i, (r, n) in enumerate(batch):
-            known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
-            if n < known:                                          # a prefill chunk that does not reach the end
-                if pr and not self.observed: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
-                continue
-            k = n - known
-            if greedy: decided[r.request_id] = (k, *greedy_verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]]), None)
-            else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
-        if sampled: decided |= self._verify_sampled(sampled)
-        return self._finish(batch, decided, feats)
-
-    def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
-        """Rejection sampling for every verifying request of a step at once, on the device (chapter 12's
-        `verify_keyed`): each request's `k + 1` rows and `k` draft distributions, padded to the step's largest `k`,
-        each row processed with its own request's settings; one copy of `(accepted, next token)` to the host.
-        Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`."""
-        reqs = [r for r, _, _ in items]
-        K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
-        flat = torch.cat([rows for _, _, rows in items])
-        start = [0] + torch.tensor([k + 1 for _, k, _ in items]).cumsum(0).tolist()[:-1]
-        ints = on_device([[s + min(j, k) for j in range(K + 1)] + [k, r.num_tokens] + (r.drafts[:k] + [0] * (K - k))
-                          for (r, k, _), s in zip(items, start)], torch.long, dev)
-        rp = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev)
-        p = row_probs(flat[ints[:, :K + 1].reshape(-1)], rp.repeat(K + 1)).view(len(items), K + 1, V)
-        drafts, n_drafts = ints[:, K + 3:], ints[:, K + 1]
-        if K and any(k and not r.params.greedy for r, k, _ in items):      # sampled drafts to verify: their q
-            q = self.proposer.draft_probs(reqs, K)
-            if rp.greedy: q = torch.where((rp.temperature == 0)[:, None, None], torch.nn.functional.one_hot(drafts, V).to(q), q)
-        else: q = torch.nn.functional.one_hot(drafts, V).float()
-        a, nxt = verify_keyed(p, q, drafts, n_drafts, rp.seed, ints[:, K + 2])
-        out = {}
-        for (r, k, rows), (a, t) in zip(items, torch.stack([a, nxt], 1).tolist()):
-            toks = r.drafts[:a] + [t]
-            lp = None if r.params.logprobs is None else [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)]
-            out[r.request_id] = (k, a, toks, lp)
-        return out
-
-    def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor] | None,
-                      seqs: list[SeqView] | None, rd=None):
-        """A greedy verify step as one fused round (chapter 28): the host re-runs `greedy_verify` on the argmax it
-        reads back and must agree with the device's acceptance, which the graph's drafts were anchored on. With
-        `round_ahead` (chapter 31) the round `rd` may have been launched during the last one, and the next one is
-        launched as soon as this one's verification is read."""
-        ahead = self.round_ahead
-        if rd is None: rd = rounds(chunks, seqs)
-        self.observed, decided = True, {}
-        for i, (r, n) in enumerate(batch):
-            a, toks = greedy_verify(r.drafts[:n - 1], rd.top[i])
-            if a != rd.accepted[i]:
-                raise RuntimeError(f"request {r.request_id}: the fused round accepted {rd.accepted[i]} drafts on the "
-                                   f"device but {a} on the host")
-            decided[r.request_id] = (n - 1, a, toks, None)
-        if ahead is not None:                                      # under capacity control: only if it will not cut
-            gate = None if self.capacity is None else (lambda R: self.capacity.keeps_all(R, rounds.rows(R)))
-            ahead.launch_next(batch, rd, decided, self._roomer(), gate)
-        return decided, [], (rd, {r.request_id: i for i, (r, _) in enumerate(batch)})
-
-    def _finish(self, batch: list[tuple[Request, int]], decided: dict, feats: list[torch.Tensor], ready=None):
-        """Record the step's verified rounds and propose the next ones; returns `execute`'s `(outcomes, logprobs)`.
-        `ready`: a fused round's `(Round, batch index by id)`, whose drafts are taken later, by `settle`."""
-        pr = self.proposer
-        decided = self.canon(decided, "accepted tokens")           # under TP: rank 0's outcome, on every rank
-        out, logprobs, pending, outcomes = {}, {}, [], []
-        staging = self.capacity is not None and bool(self.capacity.staged)    # proposals whose outcomes calibrate
-        for i, (r, n) in enumerate(batch):
-            if r.request_id not in decided: continue
-            k, a, toks, lp = decided[r.request_id]
-            known = n - k
-            if k: self.stats.record(k, a)
-            if k and staging: outcomes.append((r.request_id, k, a))
-            out[r.request_id] = (known + a, toks)
-            if lp is not None: logprobs[r.request_id] = lp
-            if pr: pending.append((r, None if self.observed else feats[i][:known + a], known + a, toks))
-        if outcomes: self.capacity.observe_many(outcomes)          # one calibration update for the step
-        if pr: self._propose_all(pending, ready, whole=len(decided) == len(batch))
-        if pr and decided:
-            reqs = [r for r, _ in batch if r.request_id in decided]
-            if self.deferred is not None: self.deferred = (*self.deferred, reqs)
-            else: self._adopt(reqs)
-        return out, logprobs
-
-    def _adopt(self, reqs: list[Request]) -> None:
-        "The proposals become every rank's drafts (rank 0's under TP); capacity control then cuts them."
-        drafts = self.canon({r.request_id: r.drafts for r in reqs}, "drafts")
-        for r in reqs: r.drafts = drafts[r.request_id]
-        if self.capacity: self.capacity.apply(reqs, self)
-
-    def launched_ahead(self) -> bool:
-        "Whether a decode step or DSpark round was launched ahead of the engine's scheduling (chapter 31)."
-        return any(a is not None and a.pending is not None for a in (self.ahead, self.round_ahead))
-
-    def settle(self) -> None:
-        """Take the drafts of the last fused round. The engine calls it before scheduling the next step: until then
-        the GPU drafts while the host verifies, detokenises and answers (chapter 28). Requests that finished
-        meanwhile are skipped."""
-        if self.deferred is None: return
-        (rd, index), plan, reqs = self.deferred
-        self.deferred = None
-        drafts, complete, conf = rd.drafts()
-        plan = [(r, n) for r, n in plan if r.finish_reason is None]
-        if plan:
-            rows = [index[r.request_id] for r, _ in plan]
-            got = self.proposer.collect([r.request_id for r, _ in plan], [n for _, n in plan], [drafts[i] for i in rows],
-                                        [conf[i] for i in rows], [complete[i] for i in rows])
-            for (r, _), d in zip(plan, got): r.drafts = d
-        self._adopt([r for r in reqs if r.finish_reason is None])
-
-    def _positions(self, r: Request, k: int) -> torch.Tensor:
-        return torch.arange(r.num_computed, r.num_computed + k, device=self.model.embed.weight.device)
-
-    def _propose(self, r: Request, feats: torch.Tensor, positions: torch.Tensor, toks: list[int]) -> None:
-        "Show the drafter the newly committed positions (unless the step's forward did), then draft the next round at the new anchor."
-        if feats is not None: self.proposer.observe(r.slot, r.request_id, feats, positions, r.all_ids + toks)
-        P = int(positions[-1]) + 1                                 # the anchor toks[-1] sits at P
-        room, r.drafts = self._room(r, P, toks), []
-        if room > 0: r.drafts, _ = self.proposer.propose(r.slot, r.request_id, toks[-1], P, room, r.params, r.seed)
-
-    def _propose_all(self, pending: list, ready: dict | None = None, whole: bool = False) -> None:
-        """Propose for every verified request: in one batched drafter forward for those the proposer can batch
-        (`batchable`: DSpark, every request, its newest ring-full of positions; MTP, a decode or verify step's) — for
-        DSpark the captured greedy draft step when every request is greedy, else the sampled one — and request by
-        request otherwise. `ready`: the fused round's result, whose drafts at the anchors the host has just accepted
-        `settle` takes later."""
-        pr = self.proposer
-        if ready is None:                      # requests the batch cannot take (a prefill's last chunk) go one by one
-            batched = callable(getattr(pr, "propose_sampled", None))
-            alone = [not (batched and pr.batchable(m)) for _, _, m, _ in pending]
-            for (r, f, m, toks), one in zip(pending, alone):
-                if one: self._propose(r, f, self._positions(r, m), toks)
-            pending = [p for p, one in zip(pending, alone) if not one]
-            if not pending: return
-        if not self.observed and pending:
-            if ready is None and all(r.params.greedy for r, *_ in pending) and self._propose_graphed(pending): return
-            pr.observe_many([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
-                            [self._positions(r, m) for r, _, m, _ in pending],
-                            [next_ids(r, toks, r.num_computed, m) for r, _, m, toks in pending] if pr.final else None,   # MTP reads them
-                            [r.num_computed for r, *_ in pending])      # first positions, known here: no read-back
-        plan, room_of = [], self._roomer()
-        for r, _, m, toks in pending:
-            P = r.num_computed + m                                  # the anchor toks[-1] sits at P
-            room, r.drafts = room_of(r, P, toks), []
-            if room > 0: plan.append((r, toks[-1], P, room))
-        if ready is not None:                                       # a fused round drafted already: `settle` takes them
-            self.deferred = (ready, [(r, n) for r, _, _, n in plan])
-        elif plan:
-            args = [r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], *map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
-            greedy = all(r.params.greedy for r, *_ in plan)
-            if greedy and self._draft_ahead(plan, whole and len(plan) == sum(
-                    not r.ends_on_length(len(t), self.max_model_len) for r, _, _, t in pending)): return
-            if greedy: drafts = pr.propose_greedy(*args)
-            else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
-            for (r, *_), d in zip(plan, drafts): r.drafts = d
-
-    def _draft_ahead(self, plan: list, launch: bool) -> bool:
-        """Chapter 31 for steps that are not fused rounds (a request's first drafts, after its prefill): replay the
-        captured greedy draft step without reading it, launch the requests' first round behind it on its drafts on
-        the device (`RoundAhead.launch_first`), and leave the drafts to `settle`, as a fused round's. The host's
-        bookkeeping of this step then overlaps the draft step and the first round instead of waiting for the drafts
-        and laying the round out after it. `plan`: `(request, anchor, P, drafts kept)`; `launch`: the plan is the
-        whole next step (every request of this one that goes on drafts), else no round is launched, since the engine
-        would schedule a different one. Returns whether it drafted."""
-        ra, graphs = self.round_ahead, getattr(self.proposer, "graphs", None)
-        if (not self.draft_ahead or ra is None or not hasattr(graphs, "launch") or self.deferred is not None
-                or not graphs.fits(len(plan), max(n for *_, n in plan))): return False
-        fed = graphs.launch([r.slot for r, *_ in plan], [a for _, a, _, _ in plan], [P for _, _, P, _ in plan])
-        gate = None if self.capacity is None else (lambda R: self.capacity.keeps_all(R, ra.rounds.rows(R)))
-        if launch: ra.launch_first(plan, fed, gate)
-        self.deferred = ((fed, {r.request_id: i for i, (r, *_) in enumerate(plan)}), [(r, n) for r, _, _, n in plan])
-        return True
-
-    def _propose_graphed(self, pending: list) -> bool:
-        """MTP's observing and greedy drafting for a step's verified requests as one graph replay (chapter 30),
-        when the proposer has graphs that fit the step; returns whether it drafted. Every request drafts the full
-        depth on the device and keeps what fits its room."""
-        fn = getattr(self.proposer, "propose_graphed", None)
-        if fn is None: return False
-        firsts = [r.num_computed for r, *_ in pending]
-        nxt = [next_ids(r, toks, a, m) for (r, _, m, toks), a in zip(pending, firsts)]
-        drafts = fn([r.slot for r, *_ in pending], [r.request_id for r, *_ in pending], [f for _, f, _, _ in pending],
-                    firsts, nxt)
-        if drafts is None: return False
-        room_of = self._roomer()
-        for (r, _, m, toks), d in zip(pending, drafts): r.drafts = d[:max(0, room_of(r, r.num_computed + m, toks))]
-        return True
-
-    def _plain(self) -> bool:
-        "Whether capacity control has switched drafting off at this load (depth 0): steps decode one token each."
-        return self.capacity is not None and self.capacity.depth == 0
-
-    def _room(self, r: Request, P: int, toks: list[int]) -> int:
-        "Drafts a request may take at anchor position `P`: the depth, bounded by the context and its max_tokens."
-        return self._roomer()(r, P, toks)
-
-    def _roomer(self):
-        """`_room` with the draft depth read once, for a loop over a step's requests: the depth changes only when
-        capacity control decides (`apply`), never within a loop. Read through the controller's properties for every
-        request it cost a bypassed controller 4.6 µs a step at 64 requests on a CI core (~0.15% of a 3 ms step)."""
-        depth, last = self.capacity.depth if self.capacity else self.K, self.max_model_len - 1
-        return lambda r, P, toks: min(depth, last - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
-
-    def forget(self, request_id: str) -> None:
-        "A finished or aborted request's pending draft state is dropped."
-        if self.proposer is not None: self.proposer.forget(request_id)
-        if self.capacity: self.capacity.forget(request_id)
-
-    @staticmethod
-    def _logprobs(row: torch.Tensor, tok: int, top: int) -> dict[int, float]:
-        lp = row.float().log_softmax(-1)
-        return {t: float(lp[t]) for t in [tok] + (lp.topk(top).indices.tolist() if top else [])}
+__all__ = ['log', 'MAX_MTP_STEPS', 'RAGGED_GRAPH_TOKENS', 'speculative_depth', 'frozen_heap', 'default_block_size', 'EngineCore']
 
 # %% ../../nbs/27_engine.ipynb #28aa5975
 MAX_MTP_STEPS = 8   # autoregressive MTP drafts per round; acceptance decays fast past a few
@@ -400,15 +76,23 @@ def default_block_size(cfg) -> int:
 
 RAGGED_GRAPH_TOKENS = 2048   # steps up to this many tokens (prefill and mixed) replay captured graphs
 
-class LLM:
-    """Offline batch generation, vLLM-style: `LLM(model=path).generate(prompts, SamplingParams(...))`.
-    With `tensor_parallel_size=N > 1` the object is a `dspark.distributed.tp.TPLLM`: this process is rank 0."""
-    def __new__(cls, *args, **kwargs):
-        tp = kwargs.get("tensor_parallel_size", args[5] if len(args) > 5 else 1)   # 6th parameter of __init__
-        if cls is LLM and tp != 1:
-            from dspark.distributed.tp import TPLLM
-            return super().__new__(TPLLM)
-        return super().__new__(cls)
+@dataclass
+class _Track:
+    "A request's output side: its detokeniser, its text so far, how much of it has been handed out."
+    req: Request
+    prompt: str | None
+    detok: IncrementalDetokenizer
+    holdback: int = 0                    # characters kept back from deltas: the longest stop string minus one
+    text: str = ""
+    sent: int = 0
+    logprobs: list = field(default_factory=list)
+    stop: frozenset = frozenset()        # token ids that end it: its stop_token_ids, and eos unless ignored (built once,
+                                         # not twice a step)
+    lazy: bool = False                   # its text is wanted only once it finishes: ids are decoded then, not every step
+
+class EngineCore:
+    """One process's engine: it builds and owns the scheduler, the model runner and the tokenizer, and steps them.
+    `dspark.LLM` wraps one; under tensor parallelism each rank runs a `dspark.distributed.tp.TPEngineCore`."""
 
     def __init__(self, model: str | Path, speculative: str | None = None, num_speculative_tokens: int | None = None,
                  device: str = "cpu", dtype: str = "float32", tensor_parallel_size: int = 1, seed: int = 0,
@@ -425,7 +109,7 @@ class LLM:
         if speculative not in (None, "dspark", "mtp"):
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
         if tensor_parallel_size != getattr(self, "world", 1):
-            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs dspark.LLM itself (it starts the ranks)")
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs dspark.LLM (it starts the ranks)")
         self.model = self._load_target(model, device, dtype)
         self.tokenizer = Tokenizer.from_dir(model)
         cfg, self.seed, self._count = self.model.cfg, seed, 0
@@ -509,8 +193,8 @@ class LLM:
         "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."
 
     def _decision_canon(self):
-        "How host decisions become canonical: as they are on one process; rank 0's broadcast under TP (`TPLLM`)."
-        return _same
+        "How host decisions become canonical: as they are on one process; rank 0's broadcast under TP (`TPEngineCore`)."
+        return as_decided
 
     def _use_graphs(self, device: str, backend: str, invariant: bool, enforce_eager: bool) -> bool:
         """CUDA graphs for decode/verify steps: on CUDA with the Triton forward, unless `enforce_eager`, batch-invariant
@@ -581,36 +265,47 @@ class LLM:
     def has_unfinished_requests(self) -> bool: return self.scheduler.has_work()
 
     def step(self) -> list[RequestDelta]:
-        "One engine step: schedule, run, verify, apply. Returns what each request gained (its stream unit)."
+        "One engine step: schedule, run, apply. Returns what each request gained (its stream unit)."
         self.runner.settle()                                   # the last fused round's drafts, before scheduling
-        # chapter 31: a step launched ahead is dropped if an arrival joins the batch it computed, so an arrival
-        # waits one step behind it (the runner launches nothing further while someone waits), and never two
-        hold = self.runner.launched_ahead() and bool(self.scheduler.waiting) and not self._held
-        batch, self._held = self.scheduler.schedule(admit=False) if hold else self.scheduler.schedule(), hold   # (a
-        # plain `schedule()` otherwise: wrappers of it that predate `admit` keep working where nothing is held)
+        batch = self._schedule()
         if not batch: return []
-        outcome, logprobs = self.runner.execute(batch)
+        out = self.runner.execute(batch)
+        self._cut(batch, out)
+        deltas = self._outputs(self.scheduler.update(batch, out), out)
+        if self.runner.capacity is not None and not self.scheduler.has_work(): self.runner.capacity.idle()   # reset on idle
+        return deltas
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        """The next batch. Chapter 31: a step launched ahead is dropped if an arrival joins the batch it computed, so
+        an arrival waits one step behind it (the runner launches nothing further while someone waits), and never two."""
+        hold = self.runner.launched_ahead() and bool(self.scheduler.waiting) and not self._held
+        self._held = hold     # a plain `schedule()` otherwise: wrappers of it that predate `admit` keep working
+        return self.scheduler.schedule(admit=False) if hold else self.scheduler.schedule()
+
+    def _cut(self, batch: list[tuple[Request, int]], out: RunnerOutput) -> None:
+        "An accepted stop token ends a request's round there, and so does its `max_tokens`."
         by_id = {r.request_id: r for r, _ in batch}
-        for rid, (adv, toks) in outcome.items():               # an accepted stop token ends the round there
+        for rid, toks in out.tokens.items():
             r = by_id[rid]
-            toks = truncate_at_stop(toks, self._tracks[rid].stop)
-            outcome[rid] = (adv, toks[: r.params.max_tokens - len(r.output_ids)])
-        updated, reasons, deltas = self.scheduler.update(batch, outcome), {}, []
+            out.tokens[rid] = truncate_at_stop(toks, self._tracks[rid].stop)[: r.params.max_tokens - len(r.output_ids)]
+
+    def _outputs(self, updated: list[Request], out: RunnerOutput) -> list[RequestDelta]:
+        "Detokenise the requests that got tokens, decide which finished (rank 0 decides under TP), and build their deltas."
+        reasons, deltas = {}, []
         for r in updated:
-            new, rid = outcome[r.request_id][1], r.request_id
+            new, rid = out.tokens[r.request_id], r.request_id
             t = self._tracks[rid]
-            if rid in logprobs: t.logprobs += logprobs[rid][: len(new)]
+            if rid in out.logprobs: t.logprobs += out.logprobs[rid][: len(new)]
             reasons[rid] = self._advance(t, new)
         reasons = self.runner.canon(reasons, "stop decisions")      # under TP: rank 0's, on every rank
         for r in updated:
-            new, rid, reason = outcome[r.request_id][1], r.request_id, reasons[r.request_id]
+            new, rid, reason = out.tokens[r.request_id], r.request_id, reasons[r.request_id]
             t = self._tracks[rid]
             if reason: self.scheduler.finish(r, reason); self.runner.forget(rid)
             end = len(t.text) if reason else max(t.sent, len(t.text) - t.holdback)
-            deltas.append(RequestDelta(rid, new, t.text[t.sent:end], logprobs.get(rid, [])[: len(new)] or None,
+            deltas.append(RequestDelta(rid, new, t.text[t.sent:end], out.logprobs.get(rid, [])[: len(new)] or None,
                                        reason, len(r.prompt_ids), len(r.output_ids), r.num_cached_tokens))
             t.sent = end
-        if self.runner.capacity is not None and not self.scheduler.has_work(): self.runner.capacity.idle()   # reset on idle
         return deltas
 
     def _stop_ids(self, sp: SamplingParams) -> set[int]:
@@ -647,30 +342,6 @@ class LLM:
                              [CompletionOutput(0, t.text, list(r.output_ids), r.finish_reason,
                                                t.logprobs if r.params.logprobs is not None else None)],
                              finished=r.finish_reason is not None, num_cached_tokens=r.num_cached_tokens)
-
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        "Generate for a list of prompts (strings or token-id lists); outputs in prompt order."
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        for p, sp in zip(prompts, params):                        # validate everything before any work
-            if not isinstance(sp, SamplingParams): raise TypeError(f"sampling params must be SamplingParams, got {type(sp).__name__}")
-            self.encode_prompt(p)
-        ids = [self.add_request(p, sp, stream_text=False) for p, sp in zip(prompts, params)]   # text read at the end
-        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
-        while self.has_unfinished_requests():
-            bar.update(sum(d.finished for d in self.step()))
-        bar.close()
-        return [self.pop_output(rid) for rid in ids]
-
-    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        "Generate replies to conversations, rendered with the checkpoint's chat template."
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.tokenizer.encode_chat(c) for c in convs], sampling_params, use_tqdm)
 
     def prefix_cache_stats(self) -> dict[str, int]:
         kv = self.scheduler.kv

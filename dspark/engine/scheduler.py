@@ -7,20 +7,19 @@ Docs: https://dspark-dev.github.io/dspark/scheduler.html.md"""
 # %% ../../nbs/26_scheduler.ipynb #81a2ed34
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import math
-import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..config import CSA, ModelConfig
 from ..cache.kv_cache import CacheConfig
-from ..sample.sampling import SamplingParams
+from ..request import Request
+from ..runtime.runner import RunnerOutput
 
 # %% auto #0
-__all__ = ['block_hash', 'BlockPool', 'Request', 'all_plain_greedy', 'KVCacheManager', 'SchedulerConfig', 'Scheduler']
+__all__ = ['block_hash', 'BlockPool', 'KVCacheManager', 'SchedulerConfig', 'Scheduler']
 
 # %% ../../nbs/26_scheduler.ipynb #cb5487bc
 def block_hash(parent: int | None, tokens: list[int]) -> int:
@@ -62,56 +61,6 @@ class BlockPool:
         if self.hash[bid] is None and h not in self.by_hash: self.hash[bid], self.by_hash[h] = h, bid
 
     def lookup(self, h: int) -> int | None: return self.by_hash.get(h)
-
-# %% ../../nbs/26_scheduler.ipynb #03d8ee6e
-@dataclass(eq=False)   # a request is itself, not its fields: `in`/`remove` on the queues compare identities (value
-class Request:         # equality built tuples of every field on each comparison, O(n²) of them per step at C64)
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    seed: int
-    arrival: float = field(default_factory=time.monotonic)
-    output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0          # tokens whose KV is in the cache
-    pooled_upto: int = 0           # compressed windows ending at or before this position are already in the cache
-    table: list[int] = field(default_factory=list)          # compressed group
-    window_table: list[int] = field(default_factory=list)   # window group (-1: released)
-    slot: int = -1                 # compressor-ring slot
-    hashes: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0     # prompt tokens served from the prefix cache
-    num_preemptions: int = 0
-    finish_reason: str | None = None
-    drafts: list[int] = field(default_factory=list)         # proposed tokens to verify in the next step
-    published: int = 0             # leading compressed blocks already offered to the prefix cache
-    released: int = 0              # leading window blocks already released (or never held)
-
-    @property
-    def all_ids(self) -> list[int]: return self.prompt_ids + self.output_ids
-    @functools.cached_property
-    def plain_greedy(self) -> bool:
-        """Greedy and without logprobs: a request a fused round or a step launched ahead can serve. Kept: the runner
-        and capacity control ask it of every request every step (at 64 requests the property chain cost ~11 µs a
-        step on the host), and a request's sampling settings do not change."""
-        return self.params.greedy and self.params.logprobs is None
-    def span(self, a: int, b: int) -> list[int]:
-        """Token ids at positions `[a, b)` of prompt + output + drafts, without building the whole sequence (a
-        step touches a few positions of each request; copying its whole context every step is O(context))."""
-        P, O = len(self.prompt_ids), len(self.output_ids)
-        out = self.prompt_ids[a:min(b, P)] if a < P else []
-        if b > P and a < P + O: out += self.output_ids[max(a - P, 0):b - P]
-        if b > P + O: out += self.drafts[max(a - P - O, 0):b - P - O]
-        return out
-    @property
-    def num_tokens(self) -> int: return len(self.prompt_ids) + len(self.output_ids)
-    def ends_on_length(self, k: int, max_model_len: int) -> bool:
-        """Whether committing `k` more tokens ends the request on length (its `max_tokens`, or the context): known
-        before the tokens are, so nothing is launched ahead for a request that will not be in the next step."""
-        return len(self.output_ids) + k >= self.params.max_tokens or self.num_tokens + k >= max_model_len
-
-def all_plain_greedy(reqs) -> bool:
-    "Whether every request is `plain_greedy` (a request-like object without the cached flag: by its `params`)."
-    try: return all([r.plain_greedy for r in reqs])
-    except AttributeError: return all(r.params.greedy and r.params.logprobs is None for r in reqs)
 
 # %% ../../nbs/26_scheduler.ipynb #eb8756ae
 class KVCacheManager:
@@ -292,15 +241,15 @@ class Scheduler:
         la = min(self.sc.lookahead, self.sc.max_model_len - req.num_computed - n)   # never past max_model_len
         return bool(la > 0 and self.kv.allocate(req, n, la)) or self.kv.allocate(req, n)
 
-    def update(self, scheduled: list[tuple[Request, int]], outcome: dict[str, tuple[int, list[int]]]) -> list[Request]:
-        """Apply a step's results: `outcome[id] = (positions now computed, new tokens)`; requests without an
-        outcome computed all `n` scheduled tokens and produced none. Returns the requests that got tokens.
+    def update(self, scheduled: list[tuple[Request, int]], out: RunnerOutput) -> list[Request]:
+        """Apply a step's `RunnerOutput`: positions now computed and new tokens, per request; requests it does not
+        name computed all `n` scheduled tokens and produced none. Returns the requests that got tokens.
         With speculative decoding fewer positions than scheduled become computed (the rejected drafts): their
         KV rows stay in the blocks, past `num_computed`, and are overwritten by the next step."""
         got = []
         for req, n in scheduled:
-            adv, toks = outcome.get(req.request_id, (n, []))
-            req.num_computed += adv
+            req.num_computed += out.computed.get(req.request_id, n)
+            toks = out.tokens.get(req.request_id)
             if toks: req.output_ids += toks; got.append(req)
             self.kv.after_step(req)
         return got

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.core import RequestDelta
+from ..engine.outputs import RequestDelta
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")

@@ -26,7 +26,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..config import __version__
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineDraining, EngineFull
 from ..engine.args import ENGINE_GROUPS, ArgGroup, EngineArgs, arg, capacity_config, parse_settings
-from ..engine.core import LLM, RequestDelta, frozen_heap
+from ..engine.core import frozen_heap
+from ..engine.outputs import RequestDelta
+from .llm import LLM
 from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_logprobs,

@@ -18,7 +18,7 @@ from .capacity import (SPSCurve, LaggedBudget, batch_survival, capture_sizes, ch
                                   resolve_sps, scheduler_lengths, threshold_lengths)
 from .device_policy import DeviceAllocator
 from .online import DraftDepth, OnlineSTS, PlainSwitch
-from ..engine.scheduler import all_plain_greedy
+from ..request import all_plain_greedy
 
 log = logging.getLogger("dspark")
 

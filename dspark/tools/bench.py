@@ -20,7 +20,8 @@ import torch
 
 from ..model.checkpoint import DEFAULT_MODEL, make_tiny_checkpoint
 from ..config import CSA, HCA, ModelConfig, load_config
-from ..engine.core import LLM, frozen_heap
+from ..engine.core import frozen_heap
+from ..entrypoints.llm import LLM
 from ..model.transformer import count_params
 from ..sample.sampling import SamplingParams
 

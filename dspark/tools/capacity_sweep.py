@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine.core import LLM, frozen_heap
+from ..engine.core import frozen_heap
+from ..entrypoints.llm import LLM
 from ..sample.sampling import SamplingParams
 from ..spec.controller import CapacityStats
 from ..tokenizer import Tokenizer

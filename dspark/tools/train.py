@@ -77,7 +77,7 @@ def perplexity(model: Transformer, stream: torch.Tensor, seq_len: int = 512, bat
 def acceptance(path, prompts: list[list[int]], speculative: str | None, k: int | None, temperature: float,
                max_tokens: int, device: str = "cpu", seed: int = 0) -> dict:
     "Generate through `dspark.LLM`; spec stats plus per-position acceptance rates and the outputs."
-    from dspark.engine.core import LLM
+    from dspark.entrypoints.llm import LLM
     from dspark.sample.sampling import SamplingParams
     llm = LLM(model=path, speculative=speculative, num_speculative_tokens=k, device=device, dtype="float32",
               seed=seed, max_num_seqs=max(1, len(prompts)))
