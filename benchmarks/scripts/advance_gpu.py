@@ -1,4 +1,4 @@
-"""The next round laid out on the device (chapter 28's `advance_layout`) against the host's `fill_layout`, at one
+"""The next round laid out on the device (chapter 23's `advance_layout`) against the host's `fill_layout`, at one
 request on the GPU: the embedded model, bf16, graphs, as `python -m dspark.bench` builds it. Three arms in one
 process, alternated: no-spec, DSpark with the advance (the default), DSpark with it switched off. Per arm: tok/s of
 `REPEATS` runs (128 tokens after a 128-token prompt, prefill included, as the bench's C1 row), the rounds advanced,

@@ -1,4 +1,4 @@
-"""Why the drafter's block attention takes ~16 µs a launch at one request (chapter 32; round_anatomy_moe.json): the
+"""Why the drafter's block attention takes ~16 µs a launch at one request (chapter 17; round_anatomy_moe.json): the
 split kernel at its launch settings and others, and a one-program-per-query-group variant that walks the context
 tiles itself (online softmax, no partials, no merge), at the embedded drafter's shapes (γ = 5 rows, 4 heads of 128,
 133 ring rows) for R = 1, 4, 16, 64. Each figure: median µs a launch over CUDA-graph replays of 20 launches.

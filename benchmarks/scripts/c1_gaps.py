@@ -1,4 +1,4 @@
-"""Where a DSpark round's wall time at one request goes beyond its kernels (chapter 24): one generation (128 tokens
+"""Where a DSpark round's wall time at one request goes beyond its kernels (chapter 35): one generation (128 tokens
 after a 128-token held-out prompt, the bench's engine settings) under torch.profiler, for no-spec and DSpark. From
 the device timeline: wall, kernel-busy time, and the idle gaps between consecutive device operations, summed by the
 pair of operations around them (the largest first), plus the first step (prefill and first drafts) apart.

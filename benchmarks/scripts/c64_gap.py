@@ -5,7 +5,7 @@ builds a no-spec engine and one capacity-control engine that fixed K shares with
 This crosses them on one machine: closed batches of 64 (and 1) requests, 128 greedy tokens after 128-token prompts,
 REPEATS runs per cell taking turns, plus one run per cell that syncs after every step (prefill and decode step
 times). `dspark_late0` is the `dspark` engine with `draft_ahead` off (a request's first drafts read before its first
-round is laid out, as before chapter 31 launched that round behind the draft step). Greedy tokens of every DSpark
+round is laid out, as before chapter 25 launched that round behind the draft step). Greedy tokens of every DSpark
 cell are compared with the no-spec engine's. OUT=. [REPEATS=5] [CONC="64 1"] [BENCH_RUNS=1] [NAME=c64_gap] python c64_gap.py"""
 import json, os, statistics, time, torch
 from dspark.tools.bench import _default_model_prompts, timed_batch, decode_run, machine

@@ -1,4 +1,4 @@
-"""The draft step's Triton kernels (chapter 32) on the H200 with the embedded model, off and on in one run: kernels
+"""The draft step's Triton kernels (chapter 17) on the H200 with the embedded model, off and on in one run: kernels
 and replay time of the greedy draft graph and the fused DSpark round (1 and 16 requests), then decode throughput of
 no-spec and of DSpark with the kernels on and off at 1 / 4 / 16 / 64 requests (128 greedy tokens after 128-token
 held-out prompts; 256 tokens too at one request), the order rotated per concurrency, greedy tokens compared.
@@ -15,7 +15,7 @@ from round_profile_lib import ev_time, kernels
 OUT = os.environ["OUT"]
 full_path = G.fast_path
 def torch_draft_path(model):
-    "`fast_path` without chapter 32's kernels: the drafter keeps its torch attention and Markov loop."
+    "`fast_path` without chapter 17's kernels: the drafter keeps its torch attention and Markov loop."
     mhc = full_path(model)
     if hasattr(model, "markov_kernel"): model.attn_kernel = model.markov_kernel = None
     return mhc

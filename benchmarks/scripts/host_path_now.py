@@ -1,4 +1,4 @@
-"""Where the host's time goes on a DSpark round's critical path (chapter 24), on the current build: at one request,
+"""Where the host's time goes on a DSpark round's critical path (chapter 35), on the current build: at one request,
 the span from a round's verification being read (`RoundGraphs.read` returns) to the next round's graph replay being
 issued (`RoundGraphs._replay` entered), which must fit inside the ~190 µs draft step for the GPU not to wait. Per
 round: the span, and the replay call itself; a cProfile of the spans alone (top functions by own time). Then, at 64

@@ -1,4 +1,4 @@
-"""Chapter 33's two-launch MoE kernel against the grouped GEMM path, by step size, on the GPU: each captured 20 times
+"""Chapter 18's two-launch MoE kernel against the grouped GEMM path, by step size, on the GPU: each captured 20 times
 in a CUDA graph and replayed (device ms per call), at the embedded model's sizes (D 256, I 96, 8 experts, top-2)
 and at a V4-Flash-like layer (D 4096, I 2048, top-8 of 32 experts here, to bound memory), bf16. Tells where
 SMALL_MOE_PAIRS should sit. OUT=. python moe_small_gpu.py"""

@@ -1,4 +1,4 @@
-"""MTP's captured drafting on the H200 (chapter 30): greedy tokens with graphs equal the eager engine's (the
+"""MTP's captured drafting on the H200 (chapter 24): greedy tokens with graphs equal the eager engine's (the
 embedded model's MTP layer, K = 1 and 3, bf16, four held-out prompts), then the bench's decode runs for no-spec and
 MTP at 1, 16 and 64 requests (128 tokens after 128-token prompts). One run. OUT=. python mtp_gpu.py
 As run, the held-out pool gave 23 prompts of 128 tokens, and this script does not wrap them as the bench does:

@@ -1,4 +1,4 @@
-"""Overlapped greedy decoding (chapter 31) on and off, on the same medium engine settings as chapter 24's bench
+"""Overlapped greedy decoding (chapter 25) on and off, on the same medium engine settings as chapter 35's bench
 (bf16, graphs, 128 greedy tokens after 128-token random prompts), run one after the other at 1 and 256 requests:
 tok/s (median of 3 end-to-end runs), the synced step, steps computed ahead and used, and whether the tokens are
 identical. OUT=. python overlap_gpu.py"""

@@ -1,6 +1,6 @@
 """Capacity control's depth 0 on the H200 (embedded model, bf16, graphs, greedy, 128 tokens after 128-token held-out
 prompts): no speculation, fixed-K DSpark, the DSpark engine held at depth 0 (plain decoding: its decode graphs
-still write the drafter's context, and chapter 31 queues each step early) and the measured switch, taking turns
+still write the drafter's context, and chapter 25 queues each step early) and the measured switch, taking turns
 within each repeat on one engine per kind. WAVES=N: a steady load of N x C requests, at most C in flight.
 OUT=. [CONC="16 64"] [REPEATS=5] [WAVES=1] [NAME=plain_gpu] python plain_gpu.py"""
 import json, os, statistics, time

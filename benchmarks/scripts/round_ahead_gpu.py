@@ -1,4 +1,4 @@
-"""DSpark rounds launched ahead (chapter 31's RoundAhead) on and off, with the embedded model on the H200 (bf16,
+"""DSpark rounds launched ahead (chapter 25's RoundAhead) on and off, with the embedded model on the H200 (bf16,
 graphs, 128 greedy tokens after 128-token held-out prompts, K = 5): tokens identical, rounds launched ahead and
 used, tok/s. OUT=. python round_ahead_gpu.py"""
 import json, os

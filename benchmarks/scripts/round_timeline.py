@@ -1,4 +1,4 @@
-"""Where the host's time goes in a DSpark round launched ahead (chapter 31), on the H200 with the embedded model at
+"""Where the host's time goes in a DSpark round launched ahead (chapter 25), on the H200 with the embedded model at
 one request (C=64: at 64): wall time per round, and within it the host's waits for the verification and for the drafts, the
 launch of the next round, and the rest. OUT=. [C=1] [DETAIL=1] python round_timeline.py [label]"""
 import json, os, sys, time, statistics

@@ -1,4 +1,4 @@
-"""Sampled decoding before and after the device sampler (chapter 29), on one H200, bf16, CUDA graphs.
+"""Sampled decoding before and after the device sampler (chapter 16), on one H200, bf16, CUDA graphs.
 
 Usage: `OUT=dir python nbs/bench_results/sampled.py PKG_DIR LABEL`, where PKG_DIR holds the `dspark` package to
 time (the repository root for this version, an exported older tree for the one before). Default model: no-spec

@@ -1,4 +1,4 @@
-"""GPU checks of the device sampler (chapter 29): the compiled kernels against the CPU torch reference at the V4
+"""GPU checks of the device sampler (chapter 16): the compiled kernels against the CPU torch reference at the V4
 vocabulary, and seeded sampled tokens with CUDA graphs against `enforce_eager=True` (tiny, fp32) for no-spec,
 MTP and DSpark. Writes $OUT/sampled_checks.json."""
 import json, os, tempfile
