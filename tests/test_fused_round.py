@@ -1,4 +1,4 @@
-"""The fused DSpark round (chapter 28) on CPU: device-side greedy acceptance against the host's `greedy_verify`, when
+"""The fused DSpark round (chapter 23) on CPU: device-side greedy acceptance against the host's `greedy_verify`, when
 a step may run as a round, and an engine whose verify steps run as rounds (each round graph's "replay" reruns its
 recorded work eagerly, as in test_graph_context) producing the same tokens, acceptance and drafts as the eager
 engine. Capture and replay themselves run on the GPU (.devrun, benchmarks/records/graphs_gpu.json)."""
@@ -147,7 +147,7 @@ def random_rounds(trials: int, seed: int = 3):
 
 
 def test_advance_layout_is_what_fill_layout_writes_at_the_new_positions():
-    """The next round laid out on the device (chapter 28's `advance_layout`) against the host's `fill_layout` of the
+    """The next round laid out on the device (chapter 23's `advance_layout`) against the host's `fill_layout` of the
     same requests at their new anchors, with the same row counts (`random_rounds`); padding rows stay padding."""
     from dspark.kernels.round import advance_layout
     crossed = 0

@@ -244,7 +244,7 @@ def test_attend_batch_on_an_fp8_cache(tiny_model):
 @pytest.mark.parametrize("pooled", [0, 32])
 def test_attend_batch_prefills_an_fp8_cache(tiny_model, pooled):
     """Prefill chunks longer than every compressor ring, on an FP8 cache: the batched layer quantises its entries
-    through `store_entries` (chapter 27's kernel writes them to rows first). Then a decode step reads what each
+    through `store_entries` (chapter 15's kernel writes them to rows first). Then a decode step reads what each
     cache holds. `pooled`: the requests resume a cached prefix there (its entries already stored, left alone)."""
     tiny_model = _on_dev(tiny_model)
     cfg, g = tiny_model.cfg, torch.Generator().manual_seed(1)

@@ -1,4 +1,4 @@
-"""Fused step kernels (nbs/15_kernels_step) against their torch references: chapter 26's `compress_tokens` +
+"""Fused step kernels (nbs/15_kernels_step) against their torch references: chapter 22's `compress_tokens` +
 `store_entries` for the compressor step, `RMSNorm` and `Gate`.
 
 On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before anything

@@ -1,5 +1,5 @@
-"""Chapter 30: MTP drafting in fixed shapes (the CUDA-graph layout), run uncaptured on the CPU against the eager
-MTP proposer of chapter 14."""
+"""Chapter 24: MTP drafting in fixed shapes (the CUDA-graph layout), run uncaptured on the CPU against the eager
+MTP proposer of chapter 10."""
 import copy
 
 import pytest

@@ -1,4 +1,4 @@
-"""Overlapped greedy decoding (chapter 31) on the CPU, with each captured graph emulated by rerunning its step on
+"""Overlapped greedy decoding (chapter 25) on the CPU, with each captured graph emulated by rerunning its step on
 the runner's persistent buffers: whatever the engine schedules, the tokens, finish reasons and streamed text
 must be the synchronous engine's, and steps computed ahead must really be used."""
 import pytest
