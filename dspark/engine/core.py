@@ -157,7 +157,7 @@ class EngineCore:
             self.graphs = graphs_for_runner(self.runner, max_num_seqs, ragged)
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
-            if overlap_decode:                                   # chapter 31: the next step queued early
+            if overlap_decode:                                   # chapter 25: the next step queued early
                 from dspark.runtime.overlap import DecodeAhead, RoundAhead
                 if proposer is None: self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len)
                 elif capacity is not None:                       # capacity control's depth 0 decodes plainly
@@ -171,7 +171,7 @@ class EngineCore:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len,
                                                    K + 1 if ahead else 0, ragged),   # mixed steps stay captured
                                    KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
-        for a in (self.runner.ahead, self.runner.round_ahead):   # chapter 31: nothing launched ahead that an
+        for a in (self.runner.ahead, self.runner.round_ahead):   # chapter 25: nothing launched ahead that an
             if a is not None: a.admits = self.scheduler.would_admit   # arrival would make the engine drop
         self.profile = profile_line(cfg, cc, self.max_model_len)
         if self.memory is not None:

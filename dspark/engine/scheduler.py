@@ -156,7 +156,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     lookahead: int = 0             # positions past a request's step to hold blocks for when they are free
-                                   # (chapter 31: a step launched ahead must find its blocks allocated)
+                                   # (chapter 25: a step launched ahead must find its blocks allocated)
     mixed_step_tokens: int = 0     # the largest captured step (0: none): see `Scheduler.prefill_room`
 
 class Scheduler:
@@ -227,7 +227,7 @@ class Scheduler:
     def would_admit(self, continuing: int) -> bool:
         """Whether the next `schedule` will likely admit the first waiting request while `continuing` requests keep
         running: a seat under `max_num_seqs`, and free blocks for its first chunk as if nothing of it were cached.
-        Chapter 31 launches no step ahead then: the arrival would change the batch, and the step would be dropped
+        Chapter 25 launches no step ahead then: the arrival would change the batch, and the step would be dropped
         after running. Blocks that requests finishing now will free are not counted (a wrong "no" costs one dropped
         step, as before; a wrong "yes" costs one step without overlap)."""
         if not self.waiting or continuing >= self.sc.max_num_seqs: return False

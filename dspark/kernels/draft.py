@@ -130,7 +130,7 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
                 HAS_CONF=conf_w is not None and k < n, ROUND=_ROUND[w2.dtype])
     return drafts, conf
 
-markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 11)
+markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
 
 # %% ../../nbs/17_kernels_draft.ipynb #1e2f1e23
 @triton.jit
@@ -258,7 +258,7 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
             WIDEN=tc and q.device.type != "cuda", SLOTS=slots is not None, num_warps=8 if wide or tc else 4)
     return out
 
-draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 11)
+draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 09)
 
 # %% ../../nbs/17_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()

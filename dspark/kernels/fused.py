@@ -160,7 +160,7 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     entries, idx, r = None, None, 0
     if attn.kind != SLIDING:
         r = attn.compressor.ratio
-        from dspark.kernels.step import compress_chunks_       # every request at once (chapter 27's kernel)
+        from dspark.kernels.step import compress_chunks_       # every request at once (chapter 15's kernel)
         ring_slot, last, floor = slots or step_slots(seqs, meta, cache.scratch_slot)
         comps = [(attn.compressor, cache.rings, cache.entries, False)]
         if attn.kind == CSA: comps.append((attn.indexer.compressor, cache.index_rings, cache.index_keys, True))

@@ -16,7 +16,7 @@ from .hc import _launch
 import triton
 import triton.language as tl
 
-from .draft import _ROUND, _round_fp32   # the reference's roundings, as chapter 32 applies them
+from .draft import _ROUND, _round_fp32   # the reference's roundings, as chapter 17 applies them
 from ..model.layers import StackedExperts, dense_experts
 from ..timing import capture_graphs, device_ms
 

@@ -80,7 +80,7 @@ def round_handover_triton(verified: torch.Tensor, ids: torch.Tensor, first: torc
     """`round_handover` in one launch: writes the accepted drafts after the argmax in `verified` and
     returns `(anchors, P, slots)` `[R]` int64. `host` (a pinned int64 buffer of at least `N + R`): the kernel also
     writes there what the host reads of `verified` (each request's rows, the accepted counts), so a captured round
-    needs no copy node for them (a copy node left ~6 µs of idle device on each side, chapter 28)."""
+    needs no copy node for them (a copy node left ~6 µs of idle device on each side, chapter 23)."""
     N, R = ids.shape[0], first.shape[0]
     if verified.shape[0] != N + R or not verified.is_contiguous():
         raise ValueError(f"verified must be a contiguous [N + R] = [{N + R}] buffer, got {list(verified.shape)}")

@@ -1,4 +1,4 @@
-"""Sampling on the GPU without a host round trip per request: the keyed Philox streams of chapter 07 computed inside Triton programs, a Gumbel-max draw over the whole vocabulary whose noise never touches memory, and the acceptance uniforms of rejection sampling — each the exact integer twin of its torch reference.
+"""Sampling on the GPU without a host round trip per request: the keyed Philox streams of chapter 02 computed inside Triton programs, a Gumbel-max draw over the whole vocabulary whose noise never touches memory, and the acceptance uniforms of rejection sampling — each the exact integer twin of its torch reference.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_sample.html.md"""
 

@@ -69,7 +69,7 @@ def block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tensor, kv:
                     scale: float) -> torch.Tensor:
     """A draft stage's attention: queries `q [R, γ, H, d]` over each request's context rows `ctx [R, n, d]` (those with
     `valid [R, n]`), every row of its own block `kv [R, γ, d]` (non-causal; K = V) and the sinks. `[R, γ, H, d]` fp32.
-    The GPU fast path swaps in a one-launch kernel (chapter 32)."""
+    The GPU fast path swaps in a one-launch kernel (chapter 17)."""
     R, g = q.shape[:2]
     keys = torch.cat([ctx.to(kv.dtype), kv], 1)                                 # context rows ⊕ block rows
     mask = torch.cat([valid[:, None, :].expand(R, g, -1), torch.ones(R, g, g, dtype=torch.bool, device=q.device)], -1)
@@ -83,7 +83,7 @@ def markov_greedy(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: t
                   conf_w: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy Markov drafts `[R, n]` of `R` blocks (`U [R, γ, V]` base logits, `h [R, γ, D]` hidden states, the Markov
     head `w1`, `w2` `[V, r]`), each position the argmax given the one before, and the confidence logits
-    `conf_w·[h_k ; W₁[x_{k−1}]]` `[R, n]` fp32 (None without `conf_w`). The GPU fast path swaps in chapter 32's kernel."""
+    `conf_w·[h_k ; W₁[x_{k−1}]]` `[R, n]` fp32 (None without `conf_w`). The GPU fast path swaps in chapter 17's kernel."""
     prev = [anchors]
     for k in range(n): prev.append(markov_logits(U[:, k], prev[-1], w1, w2).argmax(-1))
     drafts = torch.stack(prev[1:], 1)
@@ -159,7 +159,7 @@ class DSparkDrafter(nn.Module):
                      slots: torch.Tensor | None = None) -> torch.Tensor:
         """`block_forward` for R requests at once: anchors `[R]` at positions `P [R]`, each stage's context rows
         `rows [R, S, n, hd]` of which `valid [R, n]` are real. With `slots [R]`, `rows` is the whole context ring
-        `[rings, S, n, hd]` and request i's rows are ring `slots[i]`: chapter 32's attention reads them where they
+        `[rings, S, n, hd]` and request i's rows are ring `slots[i]`: chapter 17's attention reads them where they
         lie; the torch path gathers them first. `[R, γ, D]`."""
         cfg, g, dev = self.cfg, self.block_size, anchors.device
         R = anchors.shape[0]
@@ -223,7 +223,7 @@ class DSparkDrafter(nn.Module):
 
     def base_logits(self, h: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """`U = head(norm(h))` with the last stage's norm and the target's head (or its rowwise-FP8 copy), fp32.
-        `fp32=False` keeps the head's own dtype, for chapter 32's Markov kernel, which widens each logit as it reads
+        `fp32=False` keeps the head's own dtype, for chapter 17's Markov kernel, which widens each logit as it reads
         it (the same values; one launch fewer a draft step)."""
         if self.fp8_head is not None: return self.fp8_head(self.last.norm(h))
         U = self.target.head(self.last.norm(h))
@@ -291,7 +291,7 @@ class DSparkDrafter(nn.Module):
         exactly as `markov_rows` picks it on a greedy row, without the distributions (verification needs none:
         they are one-hot) or the draws."""
         h = self.block_hidden(anchors, P, rows, valid, slots)
-        fast = fast_kernel_ok(self.markov_kernel)                  # γ + 1 launches (chapter 32), reading U as it is
+        fast = fast_kernel_ok(self.markov_kernel)                  # γ + 1 launches (chapter 17), reading U as it is
         U, mh, n = self.base_logits(h, fp32=not fast), self.last.markov_head, min(n, self.block_size)
         loop = self.markov_kernel if fast else markov_greedy
         return loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)

@@ -412,7 +412,7 @@ def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: tor
     st: StackedExperts | None = moe.__dict__.get("_stacked")
     if st is None or st.w13.shape[0] != len(moe.experts) or st.ptrs != _ends(moe.experts): st = stack_experts(moe)
     ex = moe.experts[0]
-    if moe.small is not None and idx.numel() <= moe.small_pairs:   # a decode step or a draft block (chapter 33)
+    if moe.small is not None and idx.numel() <= moe.small_pairs:   # a decode step or a draft block (chapter 18)
         return moe.small(x, weights, idx, st.w13, st.w2, moe.first, ex.limit)
     if moe.impl == "grouped":
         return grouped_experts(x, weights, idx, st, moe.first, ex.limit, ex.fast if fast_kernel_ok(ex.fast) else None,

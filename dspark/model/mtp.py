@@ -57,7 +57,7 @@ class MTPDrafter(nn.Module):
     def __init__(self, cfg: ModelConfig, target: Transformer):
         super().__init__()
         self.cfg, self.mtp, self._target = cfg, nn.ModuleList([MTPStage(cfg)]), [target]
-        self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in the fused kernels (chapter 25), as for DSpark
+        self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in the fused kernels (chapter 14), as for DSpark
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -93,7 +93,7 @@ class MTPDrafter(nn.Module):
     def step_rows(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, row_req: torch.Tensor,
                   ring: MTPRing, slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor,
                   width: int):
-        """The batched step in fixed shapes, all on the device (what `step_many` and chapter 30's graphs run): rows
+        """The batched step in fixed shapes, all on the device (what `step_many` and chapter 24's graphs run): rows
         `h [T, hc, D]` at `positions [T]` belong to request row `row_req [T]` (-1: padding) of the request rows
         `slots`, `first`, `last`, `start` (`[B]` each: its ring slot, padding rows naming the ring's scratch slot;
         the first and last position of its chunk; the row of its first position). A request's rows are

@@ -68,7 +68,7 @@ class StepBuffers:
     first: torch.Tensor | None = None    # [R] int64 request i's first token row (rows past the step's requests: 0)
     drafts: torch.Tensor | None = None   # [R] int64 its tokens after the first (a verify step's drafts)
     laid: object = None          # the DSpark round whose graph ran last on these rows: it left the next round of its
-                                 # requests laid out in them (chapter 28's `advance_layout`); None after any other layout
+                                 # requests laid out in them (chapter 23's `advance_layout`); None after any other layout
 
     @classmethod
     def allocate(cls, max_tokens: int, max_reqs: int, max_pos: int, block_size: int, device) -> "StepBuffers":
@@ -142,7 +142,7 @@ def fill_buffers(buf: StepBuffers, chunks: list[torch.Tensor], seqs: list[SeqVie
 def fill_layout(buf: StepBuffers, lens: list[int], seqs: list[SeqView], n: int, scratch_slot: int,
                 ids: torch.Tensor | list[int]) -> None:
     """`fill_buffers` given each request's token count `lens[i]` and the step's token ids `ids` in row order: a
-    device tensor (copied on the device: the overlapped decode of chapter 31 feeds a step the previous step's
+    device tensor (copied on the device: the overlapped decode of chapter 25 feeds a step the previous step's
     argmax without reading it) or host ints (staged in pinned memory with the rest).
     The host side is a few numpy operations over the whole step: at 64 requests a per-request loop of slice
     writes and list conversions cost ~0.5 ms a step, on a path that the host bounds. The step's per-token rows go

@@ -34,7 +34,7 @@ def graphs_for_runner(runner, max_num_seqs: int, ragged_tokens: int = 0) -> Grap
         try: pr.graphs = DraftGraphs(pr, max_num_seqs)
         except RuntimeError as e:                      # still correct without: the batched eager draft step
             log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
-    elif hasattr(pr, "propose_graphed"):               # MTP: its greedy drafting (chapter 30)
+    elif hasattr(pr, "propose_graphed"):               # MTP: its greedy drafting (chapter 24)
         try: pr.graphs = MTPGraphs(pr, max_num_seqs)
         except RuntimeError as e:
             log.warning("MTP drafting not captured (%s: %s); drafting eagerly", type(e).__name__, e)
@@ -43,7 +43,7 @@ def graphs_for_runner(runner, max_num_seqs: int, ragged_tokens: int = 0) -> Grap
                     runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
                     context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
     g.graph_bytes += draft_bytes                       # the draft step's graphs count too
-    if hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 28: a DSpark round in one graph
+    if hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 23: a DSpark round in one graph
         g.rounds = RoundGraphs(g, pr)
         g.graph_bytes += g.rounds.graph_bytes
     return g

@@ -31,11 +31,11 @@ class RoundOutputs:
     drafted: torch.Tensor     # int64 [R·(1 + γ)]: whether each context window was complete, then the drafts [R, γ]
     conf: torch.Tensor        # [R, γ] confidence logits of the drafts
     following: torch.Tensor | None = None   # int64 [R·(1 + γ)]: each request's next round, `[anchor, drafts…]`, on
-                                            # the device (chapter 31 feeds it to the round launched ahead)
+                                            # the device (chapter 25 feeds it to the round launched ahead)
 
 class Round:
     """What the host reads back from one round, request by request (batch order); the drafts when `drafts()` is
-    called. `handle` is the launch it came from and `rows` each request's row in it (chapter 31 reads the graph's
+    called. `handle` is the launch it came from and `rows` each request's row in it (chapter 25 reads the graph's
     outputs on the device through them)."""
     def __init__(self, top: list[list[int]], accepted: list[int], fetch, handle: tuple | None = None,
                  rows: list[int] | None = None):
@@ -80,7 +80,7 @@ class RoundGraphs:
         verified = torch.empty(n + R, dtype=torch.long, device=out.logits.device)
         torch.argmax(out.logits[:n], -1, out=verified[:n])
         # accepted drafts after the argmax, then each request's anchor (the token after them), its position and ring;
-        # with chapter 32's kernels on, one launch instead of ~25
+        # with chapter 17's kernels on, one launch instead of ~25
         hand = round_handover_triton if getattr(self.pr.drafter, "markov_kernel", None) is not None else round_handover
         publish = {"host": self.host} if self.host is not None and hand is round_handover_triton else {}
         anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], self.drafts[:R], buf.tok_pos[:n],
@@ -91,7 +91,7 @@ class RoundGraphs:
         drafts, conf, complete = self.pr.draft_tensors(slots, anchors, P, self.K)
         res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float(),
                            torch.cat([anchors[:, None], drafts], 1).reshape(-1))
-        # last, the next round of the same requests, laid out in the step buffers (chapter 31 replays this graph on it
+        # last, the next round of the same requests, laid out in the step buffers (chapter 25 replays this graph on it
         # when nothing changed, instead of laying it out on the host): the rows were read into the fields at the start
         adv = advance_layout_triton if hand is round_handover_triton else advance_layout
         adv(buf.packed, buf.window_tables, buf.block_size, verified[n:], res.following.view(R, self.K + 1), n)
@@ -162,7 +162,7 @@ class RoundGraphs:
         self.g.wrote_context = True                         # the step wrote the drafter's context rows itself
         handle = (out, R, b, n, list(itertools.accumulate(lens, initial=0))[:R], lens)
         self.g.buf.laid = handle
-        # the drafts' copy, queued now behind the round while the host waits for its verification anyway: chapter 31
+        # the drafts' copy, queued now behind the round while the host waits for its verification anyway: chapter 25
         # launches the next round as soon as that is read, and this copy was ~80 µs of host time on that path
         self.early = (handle, self.snapshot(handle))
         return handle

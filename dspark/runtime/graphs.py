@@ -61,9 +61,9 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     The grouped GEMM is sync-free only for bf16 on Hopper-class GPUs (other dtypes fall back to a per-group
     loop that reads the group sizes on the host); elsewhere every expert runs densely, which is sync-free in
     any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU
-    activations also get their one-launch kernels (chapter 27), for inference outside batch-invariant mode, and the
-    DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 20), its attention and greedy Markov
-    loop theirs (chapter 32) once `draft_kernels_check` finds them in agreement with their references on the device."""
+    activations also get their one-launch kernels (chapter 15), for inference outside batch-invariant mode, and the
+    DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 13), its attention and greedy Markov
+    loop theirs (chapter 17) once `draft_kernels_check` finds them in agreement with their references on the device."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
         if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)
@@ -71,21 +71,21 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     set_moe_impl(model, "grouped" if grouped else "dense")
     if not w.is_cuda: return hc_pre, hc_post, hc_head
     moes = [m for m in model.modules() if isinstance(m, MoE)]
-    if moes:                                               # a few dozen pairs: two launches, not ~16 (chapter 33)
+    if moes:                                               # a few dozen pairs: two launches, not ~16 (chapter 18)
         inter, dim = moes[0].experts[0].w1.weight.shape
         why = small_moe_check(w.device, w.dtype, dim=dim, inter=inter)   # on only once it agrees on this device
         pairs = small_moe_pairs(moes[0]) if why is None else 0           # ... and up to the pairs where it is faster
         for m in moes: m.small, m.small_pairs = (small_moe_triton, pairs) if pairs else (None, 0)
         if why: log.warning("small-batch MoE kernel off, the %s path stays: %s", "grouped" if grouped else "dense", why)
         else: log.info("small-batch MoE kernel for steps of up to %d token-expert pairs (timed on this device)", pairs)
-    for m in model.modules():                              # one-launch norms and routers (chapter 27)
+    for m in model.modules():                              # one-launch norms and routers (chapter 15)
         if isinstance(m, RMSNorm): m.fast = rms_norm_fused
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
         if isinstance(m, MoE): stack_linears(m.shared_experts, (m.shared_experts.w1, m.shared_experts.w3))
     if hasattr(model, "rope_kernel"):                      # the DSpark drafter: its block attention and Markov loop
         model.rope_kernel = qkv_rope_insert_
-        why = draft_kernels_check(model)                   # chapter 32: on only once they agree on this device
+        why = draft_kernels_check(model)                   # chapter 17: on only once they agree on this device
         if why is None: model.attn_kernel, model.markov_kernel, model.window_kernel = draft_block_attention, markov_greedy_triton, window_triton
         else: log.warning("DSpark draft kernels off, the drafter keeps its torch path: %s", why)
     else:                                                  # a target: one GEMM for each layer's x projections
@@ -280,7 +280,7 @@ class DraftGraphs:
 
     def launch(self, slots: list[int], anchors: list[int], P: list[int]) -> DraftStep:
         """Replay the greedy step and queue its outputs' copy to the host behind it, reading nothing: the host goes
-        on (chapter 31 launches the requests' first round behind the step, on its drafts on the device) and reads
+        on (chapter 25 launches the requests' first round behind the step, on its drafts on the device) and reads
         the drafts later (`DraftStep.drafts`). One set of host buffers: a launch's drafts must be read before the
         next launch (the engine's `settle` reads them before it schedules the next step)."""
         drafts, conf, complete = self(slots, anchors, P)

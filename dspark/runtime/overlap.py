@@ -153,7 +153,7 @@ def covered(r, end: int, block_size: int) -> bool:
     return len(r.table) >= need and len(r.window_table) >= need
 
 class RoundAhead:
-    """Overlapped DSpark rounds (chapter 28's fused round graphs): as soon as a round's verification is read, the next
+    """Overlapped DSpark rounds (chapter 23's fused round graphs): as soon as a round's verification is read, the next
     round is launched, for the requests that will still be decoding, on the anchor the host has just accepted and
     the drafts the GPU is still computing: its token ids are gathered on the device from this round's outputs, so
     the next round is queued behind this one's draft step and the GPU does not wait for the host. The host then
@@ -215,7 +215,7 @@ class RoundAhead:
         same_rows = js == list(range(len(js)))
         if same_rows and self.rounds.can_advance(rd.handle, lens, seqs):
             self.pending = (Launched(rows, starts, None, None, None), self.rounds.advance(rd.handle), rd, spec)
-            return                                  # the steady state: laid out on the device (chapter 28)
+            return                                  # the steady state: laid out on the device (chapter 23)
         if same_rows and len(set(lens)) == 1:       # the round's own `following`
             ids = out.following.view(b, K + 1)[:len(js), :lens[0]].reshape(-1)
         else:                                       # rows drop out or rooms differ: gather from `verified ⊕ drafted`

@@ -72,13 +72,13 @@ class ModelRunner:
     def execute(self, batch: list[tuple[Request, int]]) -> RunnerOutput:
         "Run one scheduled step: forward, verify, sample, and propose the next drafts."
         dev, pr = self.model.embed.weight.device, self.proposer
-        if self.ahead is not None:                                # chapter 31: overlapped greedy decoding
+        if self.ahead is not None:                                # chapter 25: overlapped greedy decoding
             plain = pr is None or self._plain()                   # DSpark at depth 0: its graphs write the context
             if plain and self.ahead.takes(batch):
                 self.observed = pr is not None
                 return self._finish(batch, self.ahead.step(batch), [])
             self.ahead.drop()
-        if self.round_ahead is not None and self.round_ahead.pending is not None:   # chapter 31: a round launched ahead
+        if self.round_ahead is not None and self.round_ahead.pending is not None:   # chapter 25: a round launched ahead
             rd = self.round_ahead.take(batch)   # before anything below: a pageable copy of the ids would wait for it
             if rd is not None: return self._finish(batch, *self._verify_round(self.forward.rounds, batch, None, None, rd))
         flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
@@ -88,7 +88,7 @@ class ModelRunner:
         if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
             for r, _ in batch: pr.claim(r.slot, r.request_id)
         greedy = all_plain_greedy([r for r, _ in batch])
-        rounds = getattr(self.forward, "rounds", None)             # chapter 28: verify, accept and draft in one graph
+        rounds = getattr(self.forward, "rounds", None)             # chapter 23: verify, accept and draft in one graph
         compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
         if greedy and rounds is not None and not self._plain() and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
@@ -113,7 +113,7 @@ class ModelRunner:
         return self._finish(batch, decided, feats)
 
     def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
-        """Rejection sampling for every verifying request of a step at once, on the device (chapter 12's
+        """Rejection sampling for every verifying request of a step at once, on the device (chapter 03's
         `verify_keyed`): each request's `k + 1` rows and `k` draft distributions, padded to the step's largest `k`,
         each row processed with its own request's settings; one copy of `(accepted, next token)` to the host.
         Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`."""
@@ -140,9 +140,9 @@ class ModelRunner:
 
     def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor] | None,
                       seqs: list[SeqView] | None, rd=None):
-        """A greedy verify step as one fused round (chapter 28): the host re-runs `greedy_verify` on the argmax it
+        """A greedy verify step as one fused round (chapter 23): the host re-runs `greedy_verify` on the argmax it
         reads back and must agree with the device's acceptance, which the graph's drafts were anchored on. With
-        `round_ahead` (chapter 31) the round `rd` may have been launched during the last one, and the next one is
+        `round_ahead` (chapter 25) the round `rd` may have been launched during the last one, and the next one is
         launched as soon as this one's verification is read."""
         ahead = self.round_ahead
         if rd is None: rd = rounds(chunks, seqs)
@@ -191,12 +191,12 @@ class ModelRunner:
         if self.capacity: self.capacity.apply(reqs, self)
 
     def launched_ahead(self) -> bool:
-        "Whether a decode step or DSpark round was launched ahead of the engine's scheduling (chapter 31)."
+        "Whether a decode step or DSpark round was launched ahead of the engine's scheduling (chapter 25)."
         return any(a is not None and a.pending is not None for a in (self.ahead, self.round_ahead))
 
     def settle(self) -> None:
         """Take the drafts of the last fused round. The engine calls it before scheduling the next step: until then
-        the GPU drafts while the host verifies, detokenises and answers (chapter 28). Requests that finished
+        the GPU drafts while the host verifies, detokenises and answers (chapter 23). Requests that finished
         meanwhile are skipped."""
         if self.deferred is None: return
         (rd, index), plan, reqs = self.deferred
@@ -257,7 +257,7 @@ class ModelRunner:
             for (r, *_), d in zip(plan, drafts): self.proposed[r.request_id] = d
 
     def _draft_ahead(self, plan: list, launch: bool) -> bool:
-        """Chapter 31 for steps that are not fused rounds (a request's first drafts, after its prefill): replay the
+        """Chapter 25 for steps that are not fused rounds (a request's first drafts, after its prefill): replay the
         captured greedy draft step without reading it, launch the requests' first round behind it on its drafts on
         the device (`RoundAhead.launch_first`), and leave the drafts to `settle`, as a fused round's. The host's
         bookkeeping of this step then overlaps the draft step and the first round instead of waiting for the drafts
@@ -274,7 +274,7 @@ class ModelRunner:
         return True
 
     def _propose_graphed(self, pending: list) -> bool:
-        """MTP's observing and greedy drafting for a step's verified requests as one graph replay (chapter 30),
+        """MTP's observing and greedy drafting for a step's verified requests as one graph replay (chapter 24),
         when the proposer has graphs that fit the step; returns whether it drafted. Every request drafts the full
         depth on the device and keeps what fits its room."""
         fn = getattr(self.proposer, "propose_graphed", None)

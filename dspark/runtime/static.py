@@ -175,7 +175,7 @@ def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: t
     step is `ragged` (chunks of any length: a prefill), when it is each token's request's last position in the
     step. `logits_out [≥ n, V]` fp32: write the logits there, so graphs that share it keep no logits of their own
     (the head's cast to fp32 becomes the copy into it: no extra launch in bf16). `fp32_logits=False`: the head's own
-    dtype, for a caller that only takes the argmax (chapter 28's round: the cast is exact, so the argmax is the same,
+    dtype, for a caller that only takes the argmax (chapter 23's round: the cast is exact, so the argmax is the same,
     and it saves a launch)."""
     buf.unpack(n)                                       # the step's rows, sent as one block, into their fields
     cfg, st = model.cfg, StepView.of(buf, n, ragged)

@@ -65,7 +65,7 @@ def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, n_drafts: tor
 # %% ../../nbs/03_rejection.ipynb #838efcf4
 def verify_keyed(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, n_drafts: torch.Tensor, seed: torch.Tensor,
                  position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify` for `N` requests with every random number from their keyed streams (chapter 07): `drafts[i, 0]` sits
+    """`verify` for `N` requests with every random number from their keyed streams (chapter 02): `drafts[i, 0]` sits
     at absolute `position[i]`; draft `j` is accepted on uniform `(seed, position + j, "accept")`, and the next token
     at `position + a` is drawn on stream `"recover"` after a rejection, `"sample"` for the bonus. Device in, device
     out: the engine verifies a whole step's sampled requests with it and copies `(a, next)` to the host once."""

@@ -177,7 +177,7 @@ whether it is filled changes speed, never a token; and this floor never imports 
 def keyed_uniforms(seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, n: int) -> torch.Tensor:
     """`[..., n]` float32 uniforms: element `i` of the stream of (seed, position, purpose) for each entry of the
     broadcast `seed` (int64), `position` and `stream`. Philox key = the seed's two 32-bit words; counter =
-    (i, position, purpose, position >> 32). On a CUDA tensor this is one Triton launch (chapter 29); the torch
+    (i, position, purpose, position >> 32). On a CUDA tensor this is one Triton launch (chapter 16); the torch
     code here is its reference and the CPU path."""
     seed, position = torch.broadcast_tensors(seed.long(), position.long())
     stream = _per_row(stream, seed)

@@ -126,7 +126,7 @@ class CapacityController:
     def worth(self, R: int, slack: float = 0.1, round_tokens: int | None = None) -> bool:
         """Whether pruning can pay at R requests: verifying every draft would cost more than `1 + slack` times
         verifying none, host time included. When it cannot, the controller stays bypassed (the fixed-K path).
-        `round_tokens`: the step would run as a fused round of that many rows (chapter 28), whose draft step runs
+        `round_tokens`: the step would run as a fused round of that many rows (chapter 23), whose draft step runs
         while the host does the step's bookkeeping; a pruned step leaves it for the verify graph plus a draft graph
         after it, and loses that overlap (`_overlap`)."""
         c = self.curve
@@ -136,13 +136,13 @@ class CapacityController:
 
     def bypasses(self, R: int, round_tokens: int | None = None) -> bool:
         """Whether the next decision leaves R requests' proposals as they are (below the knee, or where pruning cannot
-        pay): chapter 31 launches a round before the host has decided only when this holds, so it is not dropped.
+        pay): chapter 25 launches a round before the host has decided only when this holds, so it is not dropped.
         While coasting at R's bucket the next decision is a coasted one, a bypass, without asking the curve."""
         if self._coast is not None and self._coast[1] == PlainSwitch.bucket(R): return True
         return not (R >= self.activation and (self.config.activation is not None or self.worth(R, round_tokens=round_tokens)))
 
     def keeps_all(self, R: int, round_tokens: int | None = None) -> bool:
-        """Whether the next decision at R requests will keep every draft whatever their survivals, so chapter 31 may
+        """Whether the next decision at R requests will keep every draft whatever their survivals, so chapter 25 may
         launch the round that verifies them all before the host has decided: bypassed (`bypasses`), or active with
         the lagged policy when the budget it will admit by, which is two decisions old and so known now, covers every
         candidate, or when its cut could not pay for leaving the fused round (`_round_pays`). With the device policy

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from .capacity import SPSCurve
+from ..timing import capture_graphs
 
 # %% auto #0
 __all__ = ['DEVICE_POLICIES', 'device_lengths', 'DeviceDecision', 'DeviceAllocator']
@@ -129,10 +130,5 @@ class DeviceAllocator:
         return fetch
 
     def _capture(self, b: int):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side): self._run(b)           # warm-up: kernels and the sort's workspace
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g): self._run(b)
-        return g
+        "One bucket's graph, through the project's one capture loop (its warm-up compiles the kernels and sizes the sort's workspace)."
+        return capture_graphs(self._run, [b])[b][0]

@@ -121,7 +121,7 @@ class PlainSwitch:
     drafting does. Measured, not modelled: the wall time between consecutive decisions and the tokens each step
     committed, an EMA per power-of-two request count and mode. The SPS curve prices replays only, and at high load
     a round can lose to a plain step for reasons it does not see: a plain step is queued before the host reads
-    the last one (chapter 31), a round only once its verification is read. The losing mode is probed for
+    the last one (chapter 25), a round only once its verification is read. The losing mode is probed for
     `probe_len` steps every `probe_every` steps, so a change of load or acceptance is seen; the first step after a
     switch refills the pipeline and is not recorded.
 

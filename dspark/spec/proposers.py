@@ -93,7 +93,7 @@ class DraftContext:
 
     def window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Which ring places of `slots` hold the window `[P − w, P)` of each request, `[R, w + γ]`, and whether the
-        window is complete (all `min(P, w)` positions there), `[R]`. Device in, device out (capturable); chapter 32's
+        window is complete (all `min(P, w)` positions there), `[R]`. Device in, device out (capturable); chapter 17's
         `window_triton` is the same in one launch."""
         pos = self.pos[slots]
         valid = (pos >= (P - self.w).clamp(min=0)[:, None]) & (pos < P[:, None])
@@ -206,7 +206,7 @@ class DSparkProposer:
         return drafts, conf, complete
 
     def _window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`DraftContext.window`, in one launch once the GPU fast path has given the drafter chapter 32's kernel. Not
+        """`DraftContext.window`, in one launch once the GPU fast path has given the drafter chapter 17's kernel. Not
         gated on `_fast_ok`: integer work with no gradient and no batch dependence, and the graphs capture this step
         with gradients on (the drafter's own methods turn them off), where that gate kept the torch path."""
         k = self.drafter.window_kernel
@@ -254,7 +254,7 @@ class DSparkProposer:
         return self.collect(rids, n, out, decided(conf, fetch), full)
 
     def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
-        """The host's side of greedy proposals (here, or made inside a fused round, chapter 28): request i keeps its
+        """The host's side of greedy proposals (here, or made inside a fused round, chapter 23): request i keeps its
         first `n[i]` drafts, and capacity control gets their confidence logits (`conf[i]`, floats on the host) and whether
         the drafter saw a complete context window. A proposal whose confidences were not copied out (`conf[i]` None:
         made before capacity control asked for them) leaves none: the controller then verifies all of its drafts.
@@ -351,12 +351,12 @@ class MTPProposer:
         q = [self.q.get(r.request_id, none)[:K] for r in reqs]
         return torch.stack([torch.nn.functional.pad(x, (0, 0, 0, K - len(x))) for x in q])
 
-    graphs = None       # on CUDA, chapter 30's `MTPGraphs`: a step's greedy drafting in one replay
+    graphs = None       # on CUDA, chapter 24's `MTPGraphs`: a step's greedy drafting in one replay
 
     def propose_graphed(self, slots: list[int], rids: list[str], finals: list[torch.Tensor], firsts: list[int],
                         next_ids: list[list[int]]) -> list[list[int]] | None:
         """`observe_many` then `propose_greedy` of `lookahead` drafts for every request, as one replay of
-        chapter 30's graphs: request `i` committed `len(finals[i])` positions from `firsts[i]`, whose next tokens
+        chapter 24's graphs: request `i` committed `len(finals[i])` positions from `firsts[i]`, whose next tokens
         are `next_ids[i]`. None when there are no graphs or the step does not fit them (the caller drafts eagerly)."""
         if self.graphs is None or not self.graphs.fits([f.shape[0] for f in finals]): return None
         for slot, rid in zip(slots, rids):

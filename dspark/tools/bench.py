@@ -123,7 +123,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
     wall = statistics.median(walls)
     dec = sorted(t for t, pre in steps[len(steps) // 4:] if not pre) or sorted(t for t, _ in steps)
-    ahead, rounds_ahead = llm.runner.ahead, llm.runner.round_ahead   # chapter 31: steps and rounds launched early
+    ahead, rounds_ahead = llm.runner.ahead, llm.runner.round_ahead   # chapter 25: steps and rounds launched early
     del llm
     if str(device).startswith("cuda"): torch.cuda.empty_cache()
     return {"mode": mode or "none", "k": k, "concurrency": C, "requests": len(prompts), "dtype": dtype, "backend": backend,
@@ -338,7 +338,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="DSpark K (default: the block size)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the eager step, for comparison)")
     p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
-                   help="greedy decode steps strictly one after the other (chapter 31's overlap off, for comparison)")
+                   help="greedy decode steps strictly one after the other (chapter 25's overlap off, for comparison)")
     p.add_argument("--temperature", type=float, default=0.0, help="decode sweep: 0 = greedy, else sampled (seeded)")
     p.add_argument("--waves", type=int, default=1,
                    help="decode sweep: serve N x C requests at concurrency C, the next sent as soon as one finishes "
