@@ -25,6 +25,7 @@ from dspark.model.layers import rope_cos_sin, rope_inv_freq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-5   # fp32 max abs error (observed ~1e-6)
+FP8_TOL = 2e-3   # an FP8 cache: a stored value one code step off moves outputs by up to ~4e-4 (observed)
 
 
 @pytest.fixture(autouse=True)
@@ -236,9 +237,13 @@ def test_attend_batch_on_an_fp8_cache(tiny_model):
             out = attend_batch(attn, layer, x, step, meta, fast_cache)
             ref = torch.cat([attend_cached(attn, layer, x[None, a:e], s, ref_cache)[0]
                              for a, e, s in zip([0, 1, 5], [1, 5, 14], step)])
-            assert (out[:14] - ref).abs().max() <= TOL, layer
+            # The rows the step inserts are computed in another order than the reference's, and now and then a value on
+            # an FP8 rounding boundary is stored one code step away (2^-4 of itself; which values, depends on the
+            # CPU's GEMM kernels): its bytes differ in a few places and the outputs that read it by ~1e-4.
+            assert (out[:14] - ref).abs().max() <= FP8_TOL, layer
             assert out[14:].abs().max() == 0
-            assert torch.equal(fast_cache.window[layer], ref_cache.window[layer])        # the same bytes
+            moved = (fast_cache.window[layer] != ref_cache.window[layer]).sum()
+            assert moved <= 4, (layer, moved)                   # the same bytes but a few (1 of 80,000 observed)
 
 
 @pytest.mark.parametrize("pooled", [0, 32])

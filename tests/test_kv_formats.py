@@ -9,7 +9,10 @@ Tolerances:
   code step (2^-4 of itself for FP8, a whole grid step for FP4, which can swap an indexer top-k pick), and
   that propagates. Observed over 4 prompts: <= 1.6e-2 of max|logit| (6e-4 for the prompt below; ~130 of 390K
   stored bytes differ). Tolerance 5e-2 of max|logit|, still 4-5x below the effect of the quantisation itself
-  (0.23 of max|logit|), so a path that skipped or misapplied it fails.
+  (0.23 of max|logit|), so a path that skipped or misapplied it fails. Whether a boundary value moves depends on
+  the CPU's GEMM kernels (AVX2 or AVX-512 MKL round the pre-quantisation rows differently): on one machine a
+  swapped top-k pick put one of the prompt's 150 rows at 0.12 of max|logit|. So the check is on rows: at most
+  two of them may exceed the tolerance (skipping the quantisation puts 15 of them past it).
 - FP8 draft head vs the fp32 head: each weight moves by at most 2^-4 of itself (normal e4m3 values, round to
   nearest) or 2^-10 of its row scale (subnormals), so each logit moves by at most
   2^-4 * sum_j |x_j W_vj| + 2^-10 * s_v * sum_j |x_j|; checked exactly.
@@ -96,7 +99,9 @@ def test_fp8_cache_equals_reference_with_the_same_quantisation(tiny_model, ids, 
     assert (clean - qat_logits).abs().max() > 4 * tol                  # the quantisation is visible in the logits
     got = [_run(tiny_model, ids, sizes) for sizes in SPLITS]
     assert torch.equal(got[0], qat_logits)                             # one-shot prefill: bit-identical
-    for g in got[1:]: assert (g - qat_logits).abs().max() <= tol
+    for g in got[1:]:
+        off = (g - qat_logits).abs().amax(-1) > tol                   # rows moved by a swapped top-k pick
+        assert off.sum() <= 2, off.nonzero().flatten().tolist()
     simulate_qat(tiny_model)                                           # the option on a plain fp32 cache
     try: sim = [_run(tiny_model, ids, sizes, fp8=False) for sizes in SPLITS]
     finally: simulate_qat(tiny_model, False)

@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/llm.html.md"""
 # %% ../../nbs/32a_llm.ipynb #0e19f615
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -18,7 +19,7 @@ from ..engine.outputs import RequestDelta, RequestOutput
 from ..distributed.tp import TPEngineCore
 
 # %% auto #0
-__all__ = ['LLM']
+__all__ = ['LLM', 'llm_signature']
 
 # %% ../../nbs/32a_llm.ipynb #173f6d0b
 class LLM:
@@ -81,3 +82,13 @@ class LLM:
         return self.generate([self.tokenizer.encode_chat(c) for c in convs], sampling_params, use_tqdm)
 
 
+
+# %% ../../nbs/32a_llm.ipynb #003087aa
+def llm_signature() -> inspect.Signature:
+    "`EngineCore.__init__`'s parameters with `model` defaulting to the embedded model, plus `tp_debug` and `tp_timeout`."
+    sig = inspect.signature(EngineCore.__init__)
+    ps = [p.replace(default=None) if p.name == "model" else p for p in sig.parameters.values()]
+    tp = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("tp_debug", "tp_timeout")]
+    return sig.replace(parameters=ps + tp)
+
+LLM.__init__.__signature__ = llm_signature()
