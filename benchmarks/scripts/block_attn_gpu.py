@@ -7,7 +7,7 @@ was not kept; without it the script times the split kernel's settings only.
 OUT=. python block_attn_gpu.py"""
 import json, os, statistics, torch, triton
 import dspark.kernels.draft as KD
-from dspark.kernels.hc import _launch
+from dspark.kernels.hc import launch
 from dspark.model.drafter import block_attention
 
 OUT = os.environ.get("OUT", ".")
@@ -22,7 +22,7 @@ def split(q, ctx, valid, kv, sink, scale, BLOCK_N=64, warps=8):
     part = torch.empty(R * QG * (NT + 1) * BLOCK_Q * (BLOCK_D + 2), dtype=torch.float32, device=dev)
     cnt = KD._attn_counters(R * QG, q.device)
     def go():
-        _launch(KD._block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2), ctx, ctx.stride(0),
+        launch(KD._block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2), ctx, ctx.stride(0),
                 ctx.stride(1), valid, valid.stride(0), kv, kv.stride(0), kv.stride(1), sink, out, out.stride(0),
                 out.stride(1), out.stride(2), part, cnt, H, G, NC, NT, Dh, scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N,
                 BLOCK_D=BLOCK_D, TC=tc, WIDEN=False, num_warps=warps)
@@ -34,7 +34,7 @@ def loop(q, ctx, valid, kv, sink, scale, BLOCK_N=64, warps=4):
     if not hasattr(KD, "_block_attn_loop_kernel"): return None, out
     QG, NT = triton.cdiv(G * H, 32), triton.cdiv(NC, BLOCK_N)
     def go():
-        _launch(KD._block_attn_loop_kernel, (R, QG), q, q.stride(0), q.stride(1), q.stride(2), ctx, ctx.stride(0),
+        launch(KD._block_attn_loop_kernel, (R, QG), q, q.stride(0), q.stride(1), q.stride(2), ctx, ctx.stride(0),
                 ctx.stride(1), valid, valid.stride(0), kv, kv.stride(0), kv.stride(1), sink, out, out.stride(0),
                 out.stride(1), out.stride(2), H, G, NC, NT, Dh, scale, BLOCK_Q=32, BLOCK_N=BLOCK_N, BLOCK_D=128,
                 TC=True, WIDEN=False, num_warps=warps)

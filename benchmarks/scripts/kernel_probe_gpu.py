@@ -10,7 +10,7 @@ from round_profile_lib import graph_us
 from dspark.tools.bench import machine
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.kernels.moe import small_moe_triton
-from dspark.model.layers import MoE, _routed_sync_free, stack_experts
+from dspark.model.layers import MoE, routed_sync_free, stack_experts
 
 OUT = os.environ["OUT"]
 res = {"machine": machine()}
@@ -31,7 +31,7 @@ for n in (1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024):
     idx = (torch.rand(n, E, generator=gen).argsort(-1)[:, :k] + moe.first).cuda()
     w = torch.rand(n, k, generator=gen).cuda()
     s = graph_us(lambda: small_moe_triton(x, w, idx, st.w13, st.w2, moe.first, moe.experts[0].limit))
-    gr = graph_us(lambda: _routed_sync_free(moe, x, w, idx))
+    gr = graph_us(lambda: routed_sync_free(moe, x, w, idx))
     rows.append({"tokens": n, "pairs": n * k, "small_us": s, "grouped_us": gr})
     print("moe", rows[-1], flush=True)
 moe.small = saved

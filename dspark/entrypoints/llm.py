@@ -83,7 +83,7 @@ class LLM:
 
 
 
-# %% ../../nbs/32a_llm.ipynb #003087aa
+# %% ../../nbs/32a_llm.ipynb #c4c1ad95
 def llm_signature() -> inspect.Signature:
     "`EngineCore.__init__`'s parameters with `model` defaulting to the embedded model, plus `tp_debug` and `tp_timeout`."
     sig = inspect.signature(EngineCore.__init__)

@@ -12,7 +12,7 @@ import torch
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
-from .hc import _launch
+from .hc import launch
 import triton
 import triton.language as tl
 
@@ -20,12 +20,12 @@ from .round import round_kernels_check
 from ..model.drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
-__all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'markov_greedy_ref', 'draft_block_attention_ref', 'markov_chunk',
-           'markov_greedy_triton', 'draft_block_attention', 'draft_kernels_check']
+__all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'ROUND_CODE', 'markov_greedy_ref', 'draft_block_attention_ref', 'round_fp32',
+           'markov_chunk', 'markov_greedy_triton', 'draft_block_attention', 'draft_kernels_check']
 
 # %% ../../nbs/17_kernels_draft.ipynb #dc1eee2d
 @triton.jit
-def _round_fp32(x, TO: tl.constexpr):
+def round_fp32(x, TO: tl.constexpr):
     """fp32 `x` rounded to the weights' dtype and back (`TO`: 0 fp32, 1 bf16, 2 fp16), to nearest even: as a bf16
     `nn.Linear` returns its output. bf16 by bit arithmetic, which Triton's interpreter rounds like the GPU does."""
     if TO == 1:
@@ -75,7 +75,7 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
             v = off + tl.arange(0, BLOCK_V)
             m = v < end
             w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
-            mk = _round_fp32(tl.sum(w.to(tl.float32) * e[None, :], 1), ROUND)   # the r→V linear, in its dtype
+            mk = round_fp32(tl.sum(w.to(tl.float32) * e[None, :], 1), ROUND)   # the r→V linear, in its dtype
             u = tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0).to(tl.float32)   # 16-bit U: exact
             lg = tl.where(m, u + mk, float("-inf"))
             t_best = tl.max(lg, 0)
@@ -88,7 +88,7 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
 
 MARKOV_CHUNK = 128        # the fewest token ids a program scores (one tile of `W₂` rows at the drafter's rank)
 MARKOV_PROGRAMS = 1024    # chunks double while a launch would have more programs than this
-_ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ROUND_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 def markov_chunk(R: int, V: int) -> int:
     """Token ids per program for `R` rows over a vocabulary of `V`: as few as possible, since each launch takes as
@@ -110,7 +110,7 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     RANK, D = w1.shape[1], h.shape[-1]
     if U.stride(-1) != 1: U = U.contiguous()
     if h.stride(-1) != 1: h = h.contiguous()
-    if w2.dtype not in _ROUND: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
+    if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
     w1, w2 = w1.contiguous(), w2.contiguous()
     chunk = chunk or markov_chunk(R, V)
     S = triton.cdiv(V, chunk)
@@ -123,11 +123,11 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     BLOCK_R = triton.next_power_of_2(RANK)
     BLOCK_V = max(16, min(128, 8192 // BLOCK_R))
     for k in range(n + 1):
-        _launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
-                w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-                k, n, V, D, RANK, chunk, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
-                BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
-                HAS_CONF=conf_w is not None and k < n, ROUND=_ROUND[w2.dtype])
+        launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
+               w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
+               k, n, V, D, RANK, chunk, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
+               BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
+               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype])
     return drafts, conf
 
 markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
@@ -250,12 +250,12 @@ def draft_block_attention(q: torch.Tensor, ctx: torch.Tensor, valid: torch.Tenso
     BLOCK_N = max(16 if wide else 64 if tc else 32, triton.next_power_of_2(G))   # the block's own rows: one tile
     QG, NT = triton.cdiv(G * H, BLOCK_Q), triton.cdiv(NC, BLOCK_N)
     part = torch.empty(R * QG * (NT + 1) * BLOCK_Q * (BLOCK_D + 2), dtype=torch.float32, device=q.device)
-    _launch(_block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2),
-            ctx, ctx.stride(0), ctx.stride(1), slots if slots is not None else valid, valid, valid.stride(0), kv,
-            kv.stride(0), kv.stride(1), sink, out,
-            out.stride(0), out.stride(1), out.stride(2), part, _attn_counters(R * QG, q.device), H, G, NC, NT, Dh,
-            scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TC=tc,
-            WIDEN=tc and q.device.type != "cuda", SLOTS=slots is not None, num_warps=8 if wide or tc else 4)
+    launch(_block_attn_kernel, (R, QG, NT + 1), q, q.stride(0), q.stride(1), q.stride(2),
+           ctx, ctx.stride(0), ctx.stride(1), slots if slots is not None else valid, valid, valid.stride(0), kv,
+           kv.stride(0), kv.stride(1), sink, out,
+           out.stride(0), out.stride(1), out.stride(2), part, _attn_counters(R * QG, q.device), H, G, NC, NT, Dh,
+           scale, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, TC=tc,
+           WIDEN=tc and q.device.type != "cuda", SLOTS=slots is not None, num_warps=8 if wide or tc else 4)
     return out
 
 draft_block_attention_ref = block_attention   # the reference: the drafter's own torch attention (chapter 09)

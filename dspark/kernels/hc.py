@@ -23,11 +23,11 @@ from ..config import ModelConfig
 from ..model.layers import is_batch_invariant
 
 # %% auto #0
-__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused']
+__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused']
 
 # %% ../../nbs/14_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
-_COUNTERS: list[Counter] = []    # the open `aten_launches` counts; `_launch` adds its Triton launches to them
+_COUNTERS: list[Counter] = []    # the open `aten_launches` counts; `launch` adds its Triton launches to them
 
 class _LaunchCounter(TorchDispatchMode):
     "Sees every aten call below the autograd layer; counts those that are neither views nor allocations."
@@ -41,7 +41,7 @@ class _LaunchCounter(TorchDispatchMode):
 
 def aten_launches(fn, *args, **kwargs) -> Counter:
     """Run `fn(*args, **kwargs)` and count, by name, the kernels it would launch on a GPU: the aten ops it
-    dispatches (views and allocations left out) and the Triton kernels it starts through `_launch`."""
+    dispatches (views and allocations left out) and the Triton kernels it starts through `launch`."""
     ops = Counter()
     _COUNTERS.append(ops)
     try:
@@ -49,7 +49,7 @@ def aten_launches(fn, *args, **kwargs) -> Counter:
     finally: _COUNTERS.remove(ops)
     return ops
 
-def _launch(kernel, grid, *args, **meta) -> None:
+def launch(kernel, grid, *args, **meta) -> None:
     "Start a Triton kernel; while `aten_launches` counts, it is one launch (and the interpreter's own torch calls none)."
     if not _COUNTERS:
         kernel[grid](*args, **meta)
@@ -165,14 +165,14 @@ def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, bloc
     if split:
         S = triton.cdiv(hc * D, bk)
         mix = torch.empty(N, S, rows + 1, dtype=torch.float32, device=x.device)   # partial mixes, then sum of squares
-        _launch(_hc_mix_kernel, (N, S), xs, fn.float().contiguous(), mix, hc * D, rows, S,
-                BLOCK_M=triton.next_power_of_2(rows), BLOCK_K=bk, num_warps=num_warps)
+        launch(_hc_mix_kernel, (N, S), xs, fn.float().contiguous(), mix, hc * D, rows, S,
+               BLOCK_M=triton.next_power_of_2(rows), BLOCK_K=bk, num_warps=num_warps)
         stride = rows + 1
     else:
         mix, S, stride = F.linear(xs.view(N, hc * D).float(), fn.float()), 1, rows   # [N, rows] fp32
-    _launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
-            D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-            HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split, num_warps=num_warps)
+    launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
+           D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+           HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split, num_warps=num_warps)
     return y.view(*lead, D), post.view(*lead, hc), comb.view(*lead, hc, hc)
 
 def hc_pre_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig,
@@ -224,7 +224,7 @@ def hc_post_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: 
     N = xs.shape[0]
     new = torch.empty(N, hc, D, dtype=x.dtype, device=x.device)
     if N:
-        _launch(_hc_post_kernel, (N, triton.cdiv(D, bd)), out.reshape(N, D).contiguous(), xs,
-                post.reshape(N, hc).contiguous(), comb.reshape(N, hc, hc).contiguous(), new, D,
-                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, num_warps=num_warps)
+        launch(_hc_post_kernel, (N, triton.cdiv(D, bd)), out.reshape(N, D).contiguous(), xs,
+               post.reshape(N, hc).contiguous(), comb.reshape(N, hc, hc).contiguous(), new, D,
+               HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, num_warps=num_warps)
     return new.view(x.shape)

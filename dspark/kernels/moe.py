@@ -12,11 +12,11 @@ import torch
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
-from .hc import _launch
+from .hc import launch
 import triton
 import triton.language as tl
 
-from .draft import _ROUND, _round_fp32   # the reference's roundings, as chapter 17 applies them
+from .draft import ROUND_CODE, round_fp32   # the reference's roundings, as chapter 17 applies them
 from ..model.layers import StackedExperts, dense_experts
 from ..timing import capture_graphs, device_ms
 
@@ -49,10 +49,10 @@ def _small_moe_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w
         m = im[:, None] & dm[None, :]
         gate += tl.sum(tl.load(gate_rows + d[None, :], mask=m, other=0.0).to(tl.float32) * xv[None, :], 1)
         up += tl.sum(tl.load(up_rows + d[None, :], mask=m, other=0.0).to(tl.float32) * xv[None, :], 1)
-    gate = tl.minimum(_round_fp32(gate, TO), limit, propagate_nan=tl.PropagateNan.ALL)   # NaN stays, as torch.clamp
-    up = tl.clamp(_round_fp32(up, TO), -limit, limit, propagate_nan=tl.PropagateNan.ALL)
+    gate = tl.minimum(round_fp32(gate, TO), limit, propagate_nan=tl.PropagateNan.ALL)   # NaN stays, as torch.clamp
+    up = tl.clamp(round_fp32(up, TO), -limit, limit, propagate_nan=tl.PropagateNan.ALL)
     act = gate / (1.0 + tl.exp(-gate)) * up * wt    # silu(gate) · up · weight, the reference's order
-    act = tl.where(inside, _round_fp32(act, TO), 0.0)  # where, not a product: a NaN weight of another rank stays out
+    act = tl.where(inside, round_fp32(act, TO), 0.0)  # where, not a product: a NaN weight of another rank stays out
     tl.store(h_ptr + p * I + i, act.to(h_ptr.dtype.element_ty), mask=i < I)
 
 @triton.jit
@@ -78,7 +78,7 @@ def _small_moe_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2e, s2r, y_ptr, 
             hv = tl.load(h_ptr + (n * K + j) * I + i, mask=im, other=0.0).to(tl.float32)
             w = tl.load(rows + i[None, :], mask=dm[:, None] & im[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(w * hv[None, :], 1)
-        y += tl.where(inside, _round_fp32(acc, TO), 0.0)
+        y += tl.where(inside, round_fp32(acc, TO), 0.0)
     tl.store(y_ptr + n * D + d, y, mask=dm)
 
 # %% ../../nbs/18_kernels_moe.ipynb #a8c2198c
@@ -97,7 +97,7 @@ def _check_shapes(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, w13
     if w13.dim() != 3 or w2.dim() != 3 or w2.shape[:2] != (w13.shape[0], D) or w13.shape[1:] != (2 * w2.shape[2], D):
         raise ValueError(f"small_moe_triton: w13 must be [E, 2I, D] and w2 [E, D, I] with D = {D}, got "
                          f"{list(w13.shape)} and {list(w2.shape)}")
-    if x.dtype not in _ROUND or w13.dtype != x.dtype or w2.dtype != x.dtype:
+    if x.dtype not in ROUND_CODE or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"small_moe_triton: x, w13 and w2 must share one dtype of float32, bfloat16, float16, got "
                          f"{x.dtype}, {w13.dtype}, {w2.dtype}")
     if idx.dtype.is_floating_point or idx.dtype == torch.bool or not weights.dtype.is_floating_point:
@@ -120,14 +120,14 @@ def small_moe_triton(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, 
     if N == 0: return y                             # no tokens: nothing to launch
     if k == 0: return y.zero_()
     h = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
-    TO = _ROUND[x.dtype]
+    TO = ROUND_CODE[x.dtype]
     bi, bd = min(_UP_TILE[0], triton.next_power_of_2(I)), min(_UP_TILE[1], triton.next_power_of_2(D))
-    _launch(_small_moe_up_kernel, (N * k, triton.cdiv(I, bi)), x, x.stride(0), weights, weights.stride(0),
-            weights.stride(1), idx, idx.stride(0), idx.stride(1), w13, w13.stride(0), w13.stride(1), h, k, D, I, E,
-            first, float(limit), BLOCK_I=bi, BLOCK_D=bd, TO=TO)
+    launch(_small_moe_up_kernel, (N * k, triton.cdiv(I, bi)), x, x.stride(0), weights, weights.stride(0),
+           weights.stride(1), idx, idx.stride(0), idx.stride(1), w13, w13.stride(0), w13.stride(1), h, k, D, I, E,
+           first, float(limit), BLOCK_I=bi, BLOCK_D=bd, TO=TO)
     bd, bi = min(_DOWN_TILE[0], triton.next_power_of_2(D)), min(_DOWN_TILE[1], triton.next_power_of_2(I))
-    _launch(_small_moe_down_kernel, (N, triton.cdiv(D, bd)), h, idx, idx.stride(0), idx.stride(1), w2, w2.stride(0),
-            w2.stride(1), y, k, D, I, E, first, BLOCK_D=bd, BLOCK_I=bi, TO=TO)
+    launch(_small_moe_down_kernel, (N, triton.cdiv(D, bd)), h, idx, idx.stride(0), idx.stride(1), w2, w2.stride(0),
+           w2.stride(1), y, k, D, I, E, first, BLOCK_D=bd, BLOCK_I=bi, TO=TO)
     return y
 
 # %% ../../nbs/18_kernels_moe.ipynb #e8b6d1e7
@@ -175,7 +175,7 @@ def small_moe_pairs(moe, most: int = SMALL_MOE_PAIRS, timer=None) -> int:
     finally: moe.small = saved
 
 def _pairs_won(moe, most: int, timer, st, k: int) -> int:
-    from dspark.model.layers import _routed_sync_free
+    from dspark.model.layers import routed_sync_free
     (E, D), dev, dt = st.w2.shape[:2], st.w2.device, st.w2.dtype
     gen = torch.Generator().manual_seed(0)
     best, n = 0, 1
@@ -184,6 +184,6 @@ def _pairs_won(moe, most: int, timer, st, k: int) -> int:
         idx = (torch.rand(n, E, generator=gen).argsort(-1)[:, :k] + moe.first).to(dev)   # k distinct experts a token
         w = torch.rand(n, k, generator=gen).to(dev)
         small = timer(lambda: small_moe_triton(x, w, idx, st.w13, st.w2, moe.first, moe.experts[0].limit))
-        if small >= timer(lambda: _routed_sync_free(moe, x, w, idx)): break
+        if small >= timer(lambda: routed_sync_free(moe, x, w, idx)): break
         best, n = n * k, 2 * n
     return best

@@ -12,7 +12,7 @@ import torch
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
-from .hc import _launch
+from .hc import launch
 import triton
 import triton.language as tl
 
@@ -87,9 +87,9 @@ def round_handover_triton(verified: torch.Tensor, ids: torch.Tensor, first: torc
     if host is not None and (host.dtype != torch.long or host.dim() != 1 or host.shape[0] < N + R or not host.is_contiguous()):
         raise ValueError(f"host must be a contiguous int64 buffer of at least {N + R} entries, got {host.dtype} {list(host.shape)}")
     anchors, P, slots = (torch.empty(R, dtype=torch.long, device=verified.device) for _ in range(3))
-    if R: _launch(_handover_kernel, (R,), verified, ids, first, drafts, tok_pos, ring_slot, anchors, P, slots,
-                  verified if host is None else host, N, scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)),
-                  PUBLISH=host is not None)
+    if R: launch(_handover_kernel, (R,), verified, ids, first, drafts, tok_pos, ring_slot, anchors, P, slots,
+                 verified if host is None else host, N, scratch, width, BLOCK_W=max(2, triton.next_power_of_2(width)),
+                 PUBLISH=host is not None)
     return anchors, P, slots
 
 # %% ../../nbs/17b_kernels_round.ipynb #73aed51c
@@ -122,8 +122,8 @@ def window_triton(ring_pos: torch.Tensor, slots: torch.Tensor, P: torch.Tensor, 
     if ring_pos.stride(1) != 1: raise ValueError("ring_pos must have contiguous rows")
     valid = torch.empty(R, S, dtype=torch.uint8, device=ring_pos.device)
     complete = torch.empty(R, dtype=torch.uint8, device=ring_pos.device)
-    if R: _launch(_window_kernel, (R,), ring_pos, ring_pos.stride(0), slots, P, valid, complete, S, w,
-                  BLOCK_S=triton.next_power_of_2(S))
+    if R: launch(_window_kernel, (R,), ring_pos, ring_pos.stride(0), slots, P, valid, complete, S, w,
+                 BLOCK_S=triton.next_power_of_2(S))
     return valid.view(torch.bool), complete.view(torch.bool)
 
 # %% ../../nbs/17b_kernels_round.ipynb #062a855a
@@ -174,8 +174,8 @@ def advance_layout_triton(packed: torch.Tensor, window_tables: torch.Tensor, blo
     p, wt = packed, window_tables
     if p.stride(1) != 1 or wt.stride(1) != 1 or following.stride(1) != 1:
         raise ValueError("packed rows, window tables and following must have contiguous rows")
-    if n: _launch(_advance_kernel, (triton.cdiv(n, 64),), p, p.stride(0), wt, wt.stride(0), wt.shape[1], accepted,
-                  following, following.stride(0), n, block_size, BLOCK=64)
+    if n: launch(_advance_kernel, (triton.cdiv(n, 64),), p, p.stride(0), wt, wt.stride(0), wt.shape[1], accepted,
+                 following, following.stride(0), n, block_size, BLOCK=64)
 
 # %% ../../nbs/17b_kernels_round.ipynb #aae0f58e
 @torch.no_grad()

@@ -12,7 +12,7 @@ import torch
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
-from .hc import _launch
+from .hc import launch
 import triton
 import triton.language as tl
 
@@ -69,7 +69,7 @@ def keyed_uniforms_triton(seed: torch.Tensor, position: torch.Tensor, stream: to
     out = torch.empty(seed.numel(), n, dtype=torch.float32, device=seed.device)
     if out.numel():
         BLOCK = min(1024, triton.next_power_of_2(max(n, 16)))
-        _launch(_uniform_kernel, (seed.numel(), triton.cdiv(n, BLOCK)), seed, position, stream, out, n, BLOCK=BLOCK)
+        launch(_uniform_kernel, (seed.numel(), triton.cdiv(n, BLOCK)), seed, position, stream, out, n, BLOCK=BLOCK)
     return out.reshape(*shape, n)
 
 # %% ../../nbs/16_kernels_sample.ipynb #a1c0e004
@@ -116,8 +116,8 @@ def draw_keyed_triton(w: torch.Tensor, seed: torch.Tensor, position: torch.Tenso
     vals = torch.empty(M, S, dtype=torch.float32, device=w.device)
     idx = torch.empty(M, S, dtype=torch.int32, device=w.device)
     if M:
-        _launch(_draw_kernel, (M, S), w, w.stride(0), seed.contiguous(), position.contiguous(), stream.contiguous(),
-                vals, idx, V, chunk, S, BLOCK=DRAW_BLOCK)
+        launch(_draw_kernel, (M, S), w, w.stride(0), seed.contiguous(), position.contiguous(), stream.contiguous(),
+               vals, idx, V, chunk, S, BLOCK=DRAW_BLOCK)
     if S == 1: return idx[:, 0].long()
     return idx.gather(1, vals.argmax(1, keepdim=True))[:, 0].long()    # chunks in vocabulary order: first max wins
 

@@ -23,7 +23,7 @@ from ..config import ModelConfig
 __all__ = ['STACK', 'MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'fast_kernel_ok', 'RMSNorm',
            'yarn_inv_freq', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post',
            'hc_head', 'topk_stable', 'score_fn', 'Gate', 'stack_linears', 'stacked_outputs', 'Expert', 'MoE',
-           'StackedExperts', 'stack_experts', 'grouped_experts', 'dense_experts', 'set_moe_impl']
+           'StackedExperts', 'stack_experts', 'grouped_experts', 'dense_experts', 'routed_sync_free', 'set_moe_impl']
 
 # %% ../../nbs/04_layers.ipynb #32ef50c9
 _MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
@@ -278,7 +278,7 @@ class MoE(nn.Module):
         weights, idx = self.gate(x, input_ids)
         shared = self.shared_experts(x)
         if self.impl != "loop" and not is_batch_invariant() and not self._grad_reaches_experts():
-            routed = _routed_sync_free(self, x, weights, idx)              # fp32
+            routed = routed_sync_free(self, x, weights, idx)              # fp32
             # one launch: the add runs in fp32 (type promotion) and rounds once into `dtype`
             return torch.add(shared, routed, out=torch.empty(routed.shape, dtype=dtype, device=routed.device))
         out = shared.float()
@@ -406,7 +406,7 @@ def dense_experts(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st:
     h = torch.where(hit, _swiglu(h13, dense, limit), 0.0).to(x.dtype)    # where, not *0: an unrouted inf stays out
     return torch.bmm(h.transpose(0, 1), st.w2.transpose(-2, -1)).float().sum(0)
 
-def _routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     "`moe.impl`'s routed sum, restacking first if the O(1) check finds the stacks stale."
     if moe.impl not in MOE_IMPLS: raise ValueError(f"MoE impl must be one of {', '.join(MOE_IMPLS)}, got {moe.impl!r}")
     st: StackedExperts | None = moe.__dict__.get("_stacked")

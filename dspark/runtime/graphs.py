@@ -26,7 +26,7 @@ from ..cache.kv_cache import PagedKVCache, SeqView
 from ..spec.proposers import decided
 from ..model.layers import (Expert, Gate, MoE, RMSNorm, hc_head, hc_post, hc_pre, is_batch_invariant, set_moe_impl,
                                  stack_linears)
-from ..sample.sampling import RowParams, _signed64
+from ..sample.sampling import RowParams, signed64
 from ..timing import capture_graphs, device_ms
 from .buffers import HostStage, StepBuffers, fill_buffers
 from .static import StepOutputs, forward_static, x_linears
@@ -262,7 +262,7 @@ class DraftGraphs:
         if sampling is not None:
             params, seeds = sampling
             h["temperature"][:R], h["top_p"][:R] = [sp.temperature for sp in params], [sp.top_p for sp in params]
-            h["top_k"][:R], h["seed"][:R] = [sp.top_k for sp in params], [_signed64(x) for x in seeds]
+            h["top_k"][:R], h["seed"][:R] = [sp.top_k for sp in params], [signed64(x) for x in seeds]
             h["temperature"][R:n], h["top_p"][R:n], h["top_k"][R:n], h["seed"][R:n] = 1.0, 1.0, -1, 0
             names += ["temperature", "seed", "top_k", "top_p"]
         for name in names: self.stage.send(getattr(self, name), name, n)

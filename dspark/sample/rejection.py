@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import STREAMS, SamplingParams, _signed64, draw_keyed, gumbel, keyed_uniforms, probs
+from .sampling import STREAMS, SamplingParams, signed64, draw_keyed, gumbel, keyed_uniforms, probs
 
 # %% auto #0
 __all__ = ['residual', 'draw', 'accepted_length', 'final_weights', 'next_token', 'verify', 'verify_keyed', 'rejection_sample',
@@ -88,7 +88,7 @@ def rejection_sample(target_logits: torch.Tensor, drafts: list[int], draft_probs
         if draft_probs is None or draft_probs.shape[0] < n: raise ValueError(f"need {n} draft_probs rows")
         q = draft_probs[:n].to(p).unsqueeze(0)
     t = lambda v: torch.tensor([v], dtype=torch.long, device=dev)
-    a, nxt = verify_keyed(p, q, x, t(n), t(_signed64(seed)), t(position))
+    a, nxt = verify_keyed(p, q, x, t(n), t(signed64(seed)), t(position))
     a = int(a[0])
     return a, drafts[:a] + [int(nxt[0])]
 

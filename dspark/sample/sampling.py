@@ -15,8 +15,8 @@ import torch
 
 # %% auto #0
 __all__ = ['STREAMS', 'PHILOX_M', 'PHILOX_W', 'FAST', 'SamplingParams', 'process_rows', 'process_logits', 'probs', 'RowParams',
-           'row_probs', 'on_device', 'stream_key', 'philox4x32', 'bits_to_uniform', 'keyed_uniforms', 'keyed_uniform',
-           'gumbel', 'draw_keyed', 'sample', 'draft_sample']
+           'row_probs', 'on_device', 'signed64', 'stream_key', 'philox4x32', 'bits_to_uniform', 'keyed_uniforms',
+           'keyed_uniform', 'gumbel', 'draw_keyed', 'sample', 'draft_sample']
 
 # %% ../../nbs/02_sampling.ipynb #4c55a527
 @dataclass
@@ -106,7 +106,7 @@ class RowParams:
     def of(cls, params: list[SamplingParams], seeds: list[int], device) -> "RowParams":
         "One row per request, in two asynchronous host-to-device copies."
         fl = on_device([[sp.temperature, sp.top_p] for sp in params], torch.float32, device)
-        ints = on_device([[sp.top_k, _signed64(s)] for sp, s in zip(params, seeds)], torch.long, device)
+        ints = on_device([[sp.top_k, signed64(s)] for sp, s in zip(params, seeds)], torch.long, device)
         any_k, any_p = any(sp.top_k != -1 for sp in params), any(sp.top_p < 1.0 for sp in params)
         return cls(fl[:, 0], ints[:, 1], ints[:, 0] if any_k else None, fl[:, 1] if any_p else None,
                    any(sp.greedy for sp in params))
@@ -130,7 +130,7 @@ def on_device(data: list, dtype: torch.dtype, device) -> torch.Tensor:
     t = torch.tensor(data, dtype=dtype)
     return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)
 
-def _signed64(seed: int) -> int:
+def signed64(seed: int) -> int:
     "A Python int seed as the int64 that holds its value mod 2⁶⁴."
     s = seed % 2**64
     return s - 2**64 if s >= 2**63 else s
@@ -196,7 +196,7 @@ def _per_row(stream: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
 def keyed_uniform(seed: int, position: int, stream: str, n: int, device="cpu") -> torch.Tensor:
     "`n` uniforms in (0, 1) from the stream of (seed, position, purpose); identical on every call and every device."
     t = lambda v: torch.tensor(v, dtype=torch.long, device=device)
-    return keyed_uniforms(t(_signed64(seed)), t(position), STREAMS[stream], n)
+    return keyed_uniforms(t(signed64(seed)), t(position), STREAMS[stream], n)
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:
     "Gumbel noise from uniforms in (0, 1): $-\\log(-\\log u)$."
@@ -217,7 +217,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: in
     (the engine gives a request without `params.seed` a random one when it arrives)."""
     if params.greedy: return int(logits.argmax())
     t = lambda v: torch.tensor([v], dtype=torch.long, device=logits.device)
-    return int(draw_keyed(probs(logits, params)[None], t(_signed64(seed)), t(position), STREAMS[stream])[0])
+    return int(draw_keyed(probs(logits, params)[None], t(signed64(seed)), t(position), STREAMS[stream])[0])
 
 # %% ../../nbs/02_sampling.ipynb #6c188765
 def draft_sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> tuple[int, torch.Tensor]:
@@ -225,4 +225,4 @@ def draft_sample(logits: torch.Tensor, params: SamplingParams, seed: int, positi
     q = probs(logits, params)
     if params.greedy: return int(q.argmax()), q
     t = lambda v: torch.tensor([v], dtype=torch.long, device=logits.device)
-    return int(draw_keyed(q[None], t(_signed64(seed)), t(position), STREAMS["draft"])[0]), q
+    return int(draw_keyed(q[None], t(signed64(seed)), t(position), STREAMS["draft"])[0]), q
