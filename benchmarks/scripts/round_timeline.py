@@ -25,11 +25,11 @@ timed(O.RoundAhead, "launch_next", "launch_next")
 if hasattr(F.RoundGraphs, "_unpack"): timed(F.RoundGraphs, "_unpack", "drafts (incl. wait)")
 else: timed(F.RoundGraphs, "_fetch", "drafts (incl. wait)")
 if os.environ.get("DETAIL"):                    # the finer split of the host's round
-    import dspark.runtime.graphs as G, dspark.engine.core as E
+    import dspark.runtime.buffers as G, dspark.runtime.runner as R, dspark.engine.core as E
     for cls, name in ((torch.cuda.CUDAGraph, "replay"), (G.HostStage, "send"), (G.HostStage, "wait"),
-                      (E.ModelRunner, "settle"), (E.ModelRunner, "execute"), (E.ModelRunner, "_finish"),
-                      (E.ModelRunner, "_verify_round"), (E.ModelRunner, "_propose_all"), (E.ModelRunner, "_adopt"),
-                      (F.RoundGraphs, "snapshot"), (E.LLM, "_advance")):
+                      (R.ModelRunner, "settle"), (R.ModelRunner, "execute"), (R.ModelRunner, "_finish"),
+                      (R.ModelRunner, "_verify_round"), (R.ModelRunner, "_propose_all"), (R.ModelRunner, "_adopt"),
+                      (F.RoundGraphs, "snapshot"), (E.EngineCore, "_advance")):
         timed(cls, name, f"{cls.__name__}.{name}")
     from dspark.engine.scheduler import Scheduler
     timed(Scheduler, "schedule", "Scheduler.schedule"); timed(Scheduler, "update", "Scheduler.update")
