@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/config.html.md"""
 from __future__ import annotations
 
 import json
+from importlib import resources
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ __version__ = "0.1.0"   # the package's version: pyproject.toml reads it here, `
 
 # %% auto #0
 __all__ = ['SLIDING', 'CSA', 'HCA', 'SCORING_FUNCS', 'PRESETS', 'ConfigError', 'ModelConfig', 'validate', 'from_dict',
-           'load_config', 'to_dict', 'save_config', 'preset']
+           'load_config', 'parse_overrides', 'apply_overrides', 'named_configs', 'resolve_model', 'to_dict',
+           'save_config', 'preset']
 
 # %% ../nbs/00_config.ipynb #0c39e11b
 class ConfigError(ValueError):
@@ -200,14 +202,58 @@ def from_dict(d: dict[str, Any]) -> ModelConfig:
     if missing: raise ConfigError(f"config is missing required fields {missing}")
     return ModelConfig(**{k: v for k, v in d.items() if k in known})
 
-def load_config(path: str | Path) -> ModelConfig:
-    "Read `config.json` from a checkpoint directory (or the file itself)."
+def load_config(path: str | Path, overrides: str | dict | None = None) -> ModelConfig:
+    "Read `config.json` from a checkpoint directory (or the file itself); `overrides`: see `apply_overrides`."
     p = Path(path)
     p = p / "config.json" if p.is_dir() else p
     if not p.exists(): raise FileNotFoundError(f"no config.json at {p}")
     try: d = json.loads(p.read_text())
     except json.JSONDecodeError as e: raise ConfigError(f"{p} is not valid JSON: {e}") from e
-    return from_dict(d)
+    return from_dict(apply_overrides(d, parse_overrides(overrides)) if overrides else d)
+
+# %% ../nbs/00_config.ipynb #c5d49093
+def parse_overrides(text: str | dict | None, where: str = "--hf-overrides") -> dict:
+    "The config fields an `--hf-overrides` JSON object sets; bad JSON or an unknown field is a `ConfigError` naming it."
+    if text is None or text == "": return {}
+    obj = text
+    if isinstance(text, str):
+        try: obj = json.loads(text)
+        except json.JSONDecodeError as e: raise ConfigError(f"{where} is not valid JSON ({e}): {text!r}") from None
+    if not isinstance(obj, dict): raise ConfigError(f"{where} must be a JSON object of config.json fields, got {text!r}")
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(k for k in obj if k not in known)
+    if unknown: raise ConfigError(f"{where}: unknown config field(s) {unknown}; known fields: {sorted(known)}")
+    return obj
+
+def apply_overrides(d: dict, overrides: dict) -> dict:
+    """The `config.json` dict `d` with `overrides` applied. Fewer `num_hidden_layers` keep the config whole: the
+    per-layer `compress_ratios` keep their first layers and every draft-stage entry, `num_hash_layers` is capped,
+    and `dspark_target_layer_ids` keep their distance from the last layer -- unless `overrides` sets them too.
+    More layers than the file has need their `compress_ratios` in `overrides`."""
+    d = _fold_hf_names(d)
+    out = {**d, **overrides}
+    n_old, n = d.get("num_hidden_layers"), out.get("num_hidden_layers")
+    if not (isinstance(n, int) and isinstance(n_old, int) and 0 < n != n_old): return out
+    if "compress_ratios" not in overrides:
+        if n > n_old: raise ConfigError(f"--hf-overrides: num_hidden_layers={n} > {n_old} also needs compress_ratios "
+                                        f"({n} layer entries plus the draft stages')")
+        r = d["compress_ratios"]
+        out["compress_ratios"] = r[:n] + r[n_old:]
+    if "num_hash_layers" not in overrides: out["num_hash_layers"] = min(d.get("num_hash_layers", 3), n)
+    ids = d.get("dspark_target_layer_ids")
+    if ids and "dspark_target_layer_ids" not in overrides and max(ids) >= n:
+        out["dspark_target_layer_ids"] = sorted({max(0, i - n_old + n) for i in ids})
+    return out
+
+def named_configs() -> dict[str, Path]:
+    "Model names `--model` accepts besides a directory: `config.json`-only directories shipped with dspark."
+    root = Path(str(resources.files("dspark"))) / "models" / "configs"
+    return {p.parent.name: p.parent for p in sorted(root.glob("*/config.json"))}
+
+def resolve_model(model: str | Path) -> Path:
+    "`model` as a directory: an existing path as given, else the shipped directory of that named config."
+    p = Path(model)
+    return p if p.exists() else named_configs().get(str(model), p)
 
 # %% ../nbs/00_config.ipynb #17c172f5
 def to_dict(c: ModelConfig) -> dict:
