@@ -13,10 +13,12 @@ from typing import Callable
 
 import torch
 
-from ..cache.kv_cache import CacheConfig, PagedKVCache, SeqView
+from ..cache.kv_cache import CacheConfig, PagedKVCache, SeqView, block_bytes, ring_bytes
+from ..config import CSA
 
 # %% auto #0
-__all__ = ['free_bytes', 'MemoryProfile', 'step_peak_bytes', 'profile_memory']
+__all__ = ['free_bytes', 'MemoryProfile', 'step_peak_bytes', 'profile_memory', 'step_estimate_bytes', 'working_estimate',
+           'cache_bytes', 'memory_line']
 
 # %% ../../nbs/22c_memory.ipynb #21c3df06
 def free_bytes() -> int:
@@ -81,3 +83,39 @@ def profile_memory(model, forward: Callable, utilization: float, max_batched_tok
     free = free_bytes()
     budget = int(utilization * total) - (total - free) - act - graph
     return MemoryProfile(total, utilization, weights, other, act, max_batched_tokens, graph, max(0, budget))
+
+# %% ../../nbs/22c_memory.ipynb #966b1ec9
+def step_estimate_bytes(cfg, tokens: int, tp: int = 1, act_bytes: int = 2, max_model_len: int = 0,
+                        sampled_rows: int = 0) -> int:
+    "Estimated peak working memory of one step of `tokens` tokens on one of `tp` ranks (see above)."
+    D, hc, I, k = cfg.hidden_size, cfg.hc_mult, cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    heads, ih = cfg.num_attention_heads // tp, cfg.index_n_heads // tp
+    per_token = (2 * hc * D * act_bytes + hc * D * 4                          # mHC streams, fp32 mixing copy
+                 + 3 * heads * cfg.head_dim * act_bytes                       # q, attention output, rope/norm copy
+                 + cfg.o_groups // tp * cfg.o_lora_rank * act_bytes + D * 4   # grouped wo_a output, wo_b sum
+                 + 2 * 2 * 2 * cfg.head_dim * 4                               # compressor kv and gate, fp32
+                 + ih * cfg.index_head_dim * act_bytes                        # indexer queries
+                 + k * 3 * I * act_bytes + k * D * 4 + 3 * I // tp * act_bytes)   # experts, shared expert
+    csa = any(cfg.layer_type(i) == CSA for i in range(cfg.num_hidden_layers))
+    scores = 2 * tokens * math.ceil(max_model_len / cfg.csa_ratio) * 4 if csa else 0
+    return tokens * per_token + scores + 2 * sampled_rows * cfg.vocab_size * 4
+
+def working_estimate(cfg, max_batched_tokens: int, graph_tokens: int = 0, tp: int = 1, act_bytes: int = 2,
+                     max_model_len: int = 0, sampled_rows: int = 0) -> tuple[int, int]:
+    "`(activations, graph pool)`: the estimated largest eager step and, with graphs, the reserve for their pool."
+    step = lambda n: step_estimate_bytes(cfg, n, tp, act_bytes, max_model_len, sampled_rows)
+    return step(max_batched_tokens), (2 * step(graph_tokens) + 256 * 2**20 if graph_tokens else 0)
+
+def cache_bytes(cfg, cc: CacheConfig) -> int:
+    "Bytes a `PagedKVCache` of `cc` allocates: compressed and window blocks (each + 1 scratch block) and the rings."
+    comp_b, win_b = block_bytes(cfg, cc.block_size, cc.dtype, cc.fp8)
+    return (cc.num_blocks + 1) * comp_b + (cc.num_window_blocks + 1) * win_b + (cc.max_seqs + 1) * ring_bytes(cfg, cc.lookahead)
+
+def memory_line(weights: int, working: int, kv_bytes: int, kv_tokens: int, max_model_len: int, measured: bool,
+                other: int = 0) -> str:
+    "The start-up profile line: weights, working memory (activations + graph pools), KV cache and concurrency."
+    g = lambda b: f"{b / 2**30:.2f} GiB"
+    extra = f", outside torch {g(other)}" if other else ""
+    return (f"memory per GPU: weights {g(weights)}, working memory {g(working)} ({'measured' if measured else 'estimate'}: "
+            f"activations + graph pools){extra}, KV cache {g(kv_bytes)} = {kv_tokens:,} tokens, max concurrency "
+            f"{kv_tokens / max_model_len:.2f}x at max_model_len={max_model_len:,}")
