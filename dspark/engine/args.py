@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..cache.kv_cache import KV_CACHE_DTYPES
-from ..config import load_config
+from ..config import load_config, resolve_model
 from ..model.checkpoint import DEFAULT_MODEL
 from ..spec.controller import POLICIES, CapacityConfig
 
@@ -53,7 +53,10 @@ class ArgGroup:
 @dataclass
 class ModelArgs(ArgGroup):
     "The checkpoint, where and how it runs."
-    model: str = arg(str(DEFAULT_MODEL), "checkpoint directory (official DeepSeek-V4 layout); default: the embedded model")
+    model: str = arg(str(DEFAULT_MODEL), "checkpoint directory (official DeepSeek-V4 layout), or a named config (deepseek-v4-flash, "
+                                         "deepseek-v4-flash-0731: config.json only); default: the embedded model")
+    hf_overrides: str | None = arg(None, "JSON object of config.json fields applied before the model is built, e.g. "
+                                         "'{\"num_hidden_layers\": 12}'")
     device: str | None = arg(None, "cpu or cuda (default: cuda when available)")
     dtype: str = arg("auto", "auto: bfloat16 on GPU, float32 on CPU", choices=("auto", "float32", "bfloat16", "float16"))
     tensor_parallel_size: int = arg(1, "GPUs the model is sharded over", minimum=1)
@@ -136,11 +139,14 @@ class EngineArgs(ModelArgs, CacheArgs, SchedulerArgs, SpeculativeArgs):
         super().__post_init__()
         if self.device is None: self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.dtype == "auto": self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        self.model = str(resolve_model(self.model))              # a named config -> its shipped directory
+        if self.hf_overrides is not None and (Path(self.model) / "config.json").is_file():
+            load_config(self.model, self.hf_overrides)           # bad JSON, an unknown field or a bad value fails here
 
     def llm_kwargs(self) -> dict:
         "The keyword arguments of `LLM` these settings describe (reads the checkpoint's config.json for 'auto')."
         kw = {f.name: getattr(self, f.name) for g in (ModelArgs, CacheArgs, SchedulerArgs) for f in fields(g)}
-        return kw | dict(speculative=self.method(load_config(Path(self.model) / "config.json")),
+        return kw | dict(speculative=self.method(load_config(Path(self.model) / "config.json", self.hf_overrides)),
                          num_speculative_tokens=self.num_speculative_tokens, fp8_draft_head=self.fp8_draft_head,
                          capacity=capacity_config(self))
 

@@ -23,6 +23,7 @@ from ..sample.rejection import truncate_at_stop
 from ..spec.proposers import DSparkProposer, MTPProposer
 from ..spec.controller import CapacityConfig, CapacityController
 from ..cache.kv_cache import PagedKVCache, cache_format, forward_cached, plan_cache, profile_line
+from ..runtime.memory import cache_bytes, memory_line, working_estimate
 from ..model.layers import batch_invariant
 from ..model.transformer import Transformer
 from ..sample.sampling import SamplingParams, stream_key
@@ -101,8 +102,12 @@ class EngineCore:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
                  capacity: str | CapacityConfig | None = None, kv_cache_dtype: str = "auto",
-                 fp8_draft_head: bool = False, enforce_eager: bool = False, overlap_decode: bool = True):
+                 fp8_draft_head: bool = False, enforce_eager: bool = False, overlap_decode: bool = True,
+                 hf_overrides: str | dict | None = None):
         if speculative == "none": speculative = None
+        if hf_overrides:      # a checkpoint's tensors have the shapes of its own config.json
+            raise NotImplementedError("--hf-overrides reshapes the model: it needs weights built from the config "
+                                      "(--load-format dummy) or --dry-run; a checkpoint's tensors have its own config's shapes")
         capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
         if capacity is not None and speculative != "dspark":
             raise ValueError(f"capacity control needs the DSpark confidence head (speculative='dspark'), got speculative={speculative!r}")
@@ -177,8 +182,21 @@ class EngineCore:
         if self.memory is not None:
             if self.graphs is not None: self.memory.graphs = self.graphs.graph_bytes   # target and draft graphs
             self.profile += "\n" + self.memory.summary(cc.num_blocks * cc.block_size, self.max_model_len)
+        self.profile += "\n" + self._memory_line(cfg, cc, drafter, max_num_batched_tokens, max_num_seqs * (K + 1),
+                                                  max(max_num_seqs * (K + 1), ragged) if use_graphs else 0)
         log.info(self.profile)
         if not log.hasHandlers(): print(self.profile)          # a notebook or script with no logging set up
+
+    def _memory_line(self, cfg, cc, drafter, step_tokens: int, sampled_rows: int, graph_tokens: int) -> str:
+        "The profile line: resident weights, working memory (measured on CUDA, else estimated), KV cache."
+        held = {t.data_ptr(): t.numel() * t.element_size() for m in (self.model, drafter) if m is not None
+                for t in (*m.parameters(), *m.buffers())}           # a drafter shares the target's embedding and head
+        m = self.memory
+        working = (m.activations + (m.graph_reserve if m.graphs is None else m.graphs) if m is not None else
+                   sum(working_estimate(cfg, step_tokens, graph_tokens, getattr(self, "world", 1),
+                                        self.model.embed.weight.element_size(), self.max_model_len, sampled_rows)))
+        return memory_line(sum(held.values()), working, cache_bytes(cfg, cc), cc.num_blocks * cc.block_size,
+                           self.max_model_len, m is not None, m.other if m is not None else 0)
 
     def _load_target(self, path, device: str, dtype: str) -> Transformer:
         "The target model (a seam: tensor parallelism loads, shards, then places it)."

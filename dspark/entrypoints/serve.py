@@ -303,6 +303,7 @@ class ServerArgs(ArgGroup):
     spec_log_interval: float = arg(10.0, "seconds between spec-decode summary log lines")
     log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
     dry_run: bool = arg(False, "print the resolved configuration and memory plan, then exit")
+    gpu_memory_gb: float | None = arg(None, "memory of one GPU in GB for the --dry-run plan (default: this machine's GPU, else 141)")
 
 @dataclass
 class ServeArgs(EngineArgs, ServerArgs):
@@ -326,10 +327,13 @@ def resolve(a: ServeArgs) -> tuple[dict, list[str]]:
     from dspark.engine.core import default_block_size, speculative_depth
     from dspark.cache.kv_cache import cache_format, plan_cache, profile_line
     from dspark.distributed.sharding import check_tp_size
+    from dspark.distributed.plan import GB, plan_lines, plan_memory
+    from dspark.config import ConfigError
     import torch
     path = Path(a.model)
     if not (path / "config.json").is_file(): raise SystemExit(f"error: --model {path}: no config.json there")
-    cfg = load_config(path / "config.json")
+    try: cfg = load_config(path / "config.json", a.hf_overrides)
+    except ConfigError as e: raise SystemExit(f"error: {e}") from None
     mode = a.method(cfg)
     try:
         K = speculative_depth(cfg, None if mode == "none" else mode, a.num_speculative_tokens, path)
@@ -346,11 +350,13 @@ def resolve(a: ServeArgs) -> tuple[dict, list[str]]:
                 enable_prefix_caching=a.enable_prefix_caching, attention_backend=a.attention_backend, batch_invariant=a.batch_invariant,
                 enforce_eager=a.enforce_eager, overlap_decode=a.overlap_decode, kv_cache_dtype=a.kv_cache_dtype,
                 fp8_draft_head=a.fp8_draft_head, host=a.host, port=a.port,
-                api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests)
+                api_key="***" if a.api_key else None, max_waiting_requests=a.max_waiting_requests,
+                num_hidden_layers=cfg.num_hidden_layers)
     cap = capacity_config(a)
     if cap is not None and mode != "dspark": raise SystemExit(f"error: --capacity {a.capacity} needs --speculative dspark, got {mode}")
     conf["capacity"] = None if cap is None else {k: str(v) if isinstance(v, Path) else v for k, v in vars(cap).items()}
-    plan = [f"weights on disk: {weights / 2**20:.1f} MiB ({cfg.num_hidden_layers} layers, vocab {cfg.vocab_size})"]
+    plan = [f"weights on disk: {weights / 2**20:.1f} MiB ({cfg.num_hidden_layers} layers, vocab {cfg.vocab_size})"
+            + ("" if weights else "; none: a config-only directory (--dry-run, --load-format dummy)")]
     if budget is None:
         plan.append(f"KV cache: sized at start-up from gpu_memory_utilization={a.gpu_memory_utilization} after the weights load")
     else:
@@ -358,7 +364,13 @@ def resolve(a: ServeArgs) -> tuple[dict, list[str]]:
             kv_dtype, fp8 = cache_format(a.kv_cache_dtype, dtype, a.device)
             cc = plan_cache(cfg, budget, block, a.max_num_seqs, a.max_num_batched_tokens, K, kv_dtype, fp8)
             plan.append(profile_line(cfg, cc, max_len))
-        except ValueError as e: raise SystemExit(f"error: {e}") from None
+        except ValueError as e: plan.append(f"KV cache on {a.device}: {e}")   # the GPU plan below still holds
+    gpu = (a.gpu_memory_gb * GB if a.gpu_memory_gb else torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 141 * GB)
+    try: mp = plan_memory(cfg, a.tensor_parallel_size, int(gpu), a.gpu_memory_utilization, max_len, a.max_num_seqs,
+                          a.max_num_batched_tokens, a.kv_cache_dtype, torch.bfloat16 if a.device == "cpu" else dtype,
+                          None if mode == "none" else mode, K, block, not a.enforce_eager)
+    except ValueError as e: raise SystemExit(f"error: {e}") from None
+    plan += ["serving on GPUs, per GPU:"] + ["  " + line for line in plan_lines(mp)]
     return conf, plan
 
 def build_llm(a: EngineArgs) -> LLM:
