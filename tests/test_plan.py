@@ -99,7 +99,7 @@ def test_cli_dry_run_prints_the_plan_and_overrides_cut_layers(models, capsys):
     cut = subprocess.run([sys.executable, "-m", "dspark.serve", *args, "--hf-overrides", '{"num_hidden_layers": 12}'],
                          capture_output=True, text=True, env={"PATH": "", "OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=120)
     assert cut.returncode == 0, cut.stderr
-    weights = lambda out: float(re.search(r"memory per GPU: weights ([\d.]+) GiB", out).group(1))
+    weights = lambda out: float(re.search(r"memory per rank: weights ([\d.]+) GiB", out).group(1))
     cfg = models["deepseek-v4-flash-0731"][0]
     expect = plan_memory(cfg, 2, 141 * GB, drafter="dspark", num_speculative_tokens=5, **SERVE).weights / 2**30
     assert abs(weights(full) - expect) < 0.01 and "43 layers" in full and "KV cache" in full
@@ -121,7 +121,7 @@ def test_overrides_cut_consistently_and_bad_ones_fail(capsys):
 
 def test_engine_start_logs_the_profile_line(tiny_ckpt):
     llm = LLM(tiny_ckpt, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
-    line = next(l for l in llm.engine.profile.splitlines() if l.startswith("memory per GPU:"))
+    line = next(l for l in llm.engine.profile.splitlines() if l.startswith("memory per rank:"))
     model = llm.engine.model
     resident = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     shown = float(re.search(r"weights ([\d.]+) GiB", line).group(1)) * 2**30

@@ -116,6 +116,6 @@ def memory_line(weights: int, working: int, kv_bytes: int, kv_tokens: int, max_m
     "The start-up profile line: weights, working memory (activations + graph pools), KV cache and concurrency."
     g = lambda b: f"{b / 2**30:.2f} GiB"
     extra = f", outside torch {g(other)}" if other else ""
-    return (f"memory per GPU: weights {g(weights)}, working memory {g(working)} ({'measured' if measured else 'estimate'}: "
+    return (f"memory per rank: weights {g(weights)}, working memory {g(working)} ({'measured' if measured else 'estimate'}: "
             f"activations + graph pools){extra}, KV cache {g(kv_bytes)} = {kv_tokens:,} tokens, max concurrency "
             f"{kv_tokens / max_model_len:.2f}x at max_model_len={max_model_len:,}")
