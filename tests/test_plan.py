@@ -117,6 +117,8 @@ def test_overrides_cut_consistently_and_bad_ones_fail(capsys):
         with pytest.raises(SystemExit): parse_args(["--device", "cpu", "--model", "deepseek-v4-flash", "--hf-overrides", bad], env={})
         assert msg in capsys.readouterr().err
     assert parse_overrides(None) == {}
+    env = parse_args(["--device", "cpu", "--model", "deepseek-v4-flash"], env={"DSPARK_HF_OVERRIDES": '{"num_hidden_layers": 4}'})
+    assert env.hf_overrides == '{"num_hidden_layers": 4}' and env.model == str(named_configs()["deepseek-v4-flash"])
 
 
 def test_engine_start_logs_the_profile_line(tiny_ckpt):
