@@ -29,7 +29,8 @@ class SamplingParams:
     """Per-request sampling settings (vLLM-compatible names). `temperature=0` means greedy. Every value is checked
     here, where it is made, against what the sampler can honour after its float32/int64 casts: a number that
     would overflow or round to nothing is a `ValueError` naming the field, never a fault inside a step. A `seed`
-    may be any integer (the sampler uses it mod 2⁶⁴); a `top_k` of 2³¹ or more means the whole vocabulary (-1)."""
+    may be any integer (the sampler uses it mod 2⁶⁴); a `top_k` of 2³¹ or more means the whole vocabulary (-1);
+    a temperature that is 0 in float32 is greedy (0)."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -46,6 +47,7 @@ class SamplingParams:
         is_num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
         if not is_num(self.temperature) or not 0 <= self.temperature <= F32_MAX:
             bad("temperature", "must be a finite number >= 0")
+        if self.temperature < F32_TINY: self.temperature = 0.0      # 0 in the sampler's float32: greedy on the host too
         if not is_num(self.top_p) or not 0 < self.top_p <= 1: bad("top_p", "must be in (0, 1]")
         if self.top_p < F32_TINY: bad("top_p", "rounds to 0 in float32 (the sampler's precision); use a larger value")
         if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):
