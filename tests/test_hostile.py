@@ -5,6 +5,7 @@ issue that belongs to the boundary, the chat tokenisation or the OpenAI conventi
 before the fix."""
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import socket
@@ -265,6 +266,24 @@ def test_sampling_params_names_the_field_or_answers(kwargs):
         assert str(e).split(":")[0].removeprefix("SamplingParams.") in kwargs, (str(e), kwargs)
         return
     assert_samples(sp, sp.seed if sp.seed is not None else 0)
+
+
+tokenizer = functools.cache(Tokenizer.from_dir)
+CONTENT = st.lists(st.one_of(st.sampled_from(SPECIAL), st.text(max_size=6), st.sampled_from(["<｜", "｜>", " ", "\n"])),
+                   max_size=8).map("".join)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), CONTENT), min_size=1, max_size=4))
+def test_chat_specials_come_only_from_the_template(tiny_ckpt, turns):
+    "Whatever the content, the special ids are those of the same conversation with special-free content."
+    tok = tokenizer(tiny_ckpt)
+    special = {tok.tok.token_to_id(t) for t in SPECIAL}
+    msgs = [{"role": r, "content": c} for r, c in turns]
+    ids = tok.encode_chat(msgs)
+    clean = tok.encode_chat([{"role": r, "content": "x"} for r, _ in turns])
+    assert [t for t in ids if t in special] == [t for t in clean if t in special]
+    assert tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(msgs)
 
 
 def test_hostile_numbers_through_the_server(server):
