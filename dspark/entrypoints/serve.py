@@ -198,10 +198,10 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
         check_unsupported(body); check_model(body.model)
         rid = request.state.request_id
         prompts = tokenize_prompts(body.prompt)
-        ids, params, owner = [], [], []
-        for k, p in enumerate(prompts):
+        ids, params = [], []
+        for p in prompts:
             for j in range(body.n):
-                ids.append(p); owner.append(k)
+                ids.append(p)
                 params.append(sampling_params(body, body.max_tokens, len(p), llm.max_model_len, body.logprobs, j))
         streams = start(ids, params, rid)
         head = {"id": response_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": sc.served_model_name}
