@@ -8,6 +8,8 @@ Docs: https://dspark-dev.github.io/dspark/tokenizer.html.md"""
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from functools import cached_property
 from pathlib import Path
 
@@ -105,9 +107,53 @@ class Tokenizer:
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
 
+    @cached_property
+    def _plain(self) -> tokenizers.Tokenizer:
+        "A copy of the tokenizer that reads special-token text as ordinary text."
+        t = tokenizers.Tokenizer.from_str(self.tok.to_str())
+        t.encode_special_tokens = True
+        return t
+
+    @cached_property
+    def _specials(self) -> re.Pattern | None:
+        "Matches the text of every special token, longest first."
+        texts = sorted({t.content for t in self.tok.get_added_tokens_decoder().values() if t.special}, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    def _pieces(self, messages: list[dict], add_generation_prompt: bool) -> list[tuple[str, bool]] | None:
+        """The rendered prompt as `(text, from_content)` pieces: rendered once more with a random marker for each
+        message's content, which is then put back. None when the template changes the content it is given."""
+        marks = [f"\x00{secrets.token_hex(8)}.{i}\x00" for i in range(len(messages))]
+        marked = self.apply_chat_template([m | {"content": k} for m, k in zip(messages, marks)], add_generation_prompt)
+        where = {k: i for i, k in enumerate(marks)}
+        parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", marked)
+        if sorted(p for p in parts if p in where) != sorted(marks): return None
+        return [(messages[where[p]]["content"], True) if p in where else (p, False) for p in parts if p]
+
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        "Prompt ids for `messages`: the rendered text already holds `bos`, so no special tokens are added."
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        """Prompt ids for `messages`, where special tokens come only from the template: a message's content is
+        tokenised as text, so `<｜User｜>` written by a user is a few ordinary tokens, not a forged turn. The text
+        between two of the template's special tokens is encoded as one run, exactly as `tokenizers` would."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        if self._specials is None: return self.encode(text, add_special_tokens=False)
+        pieces = self._pieces(messages, add_generation_prompt)
+        if pieces is None or "".join(p for p, _ in pieces) != text:
+            forged = next((i for i, m in enumerate(messages) if self._specials.search(m["content"])), None)
+            if forged is not None:
+                raise ValueError(f"messages[{forged}]['content'] holds special-token text, and this chat template "
+                                 "rewrites content, so it cannot be kept apart from the template's special tokens")
+            return self.encode(text, add_special_tokens=False)
+        ids, run = [], ""
+        for piece, from_content in pieces:
+            if from_content: run += piece; continue
+            at = 0
+            for m in self._specials.finditer(piece):
+                run += piece[at:m.start()]
+                if run: ids += self._plain.encode(run, add_special_tokens=False).ids
+                ids.append(self.tok.token_to_id(m.group())); run, at = "", m.end()
+            run += piece[at:]
+        if run: ids += self._plain.encode(run, add_special_tokens=False).ids
+        return ids
 
 # %% ../nbs/01_tokenizer.ipynb #83fdb6e0
 REPLACEMENT = "\ufffd"                      # U+FFFD: what a lossy UTF-8 decode puts for an incomplete character

@@ -134,7 +134,8 @@ def test_logprobs(client):
 
 def test_request_id_header(server):
     r = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2}, headers={"X-Request-Id": "abc-123"})
-    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-123" and r.json()["id"] == "cmpl-abc-123"
+    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-123"
+    assert r.json()["id"].startswith("cmpl-") and "abc-123" not in r.json()["id"]     # response ids are the server's
     assert post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2}).headers["x-request-id"]
 
 
@@ -269,7 +270,7 @@ def test_sigterm_drains_running_requests(tiny_ckpt, tmp_path):
         s.proc.send_signal(15)                                                    # SIGTERM mid-stream
         rest = [l for l in lines if l.startswith("data: ")]
     assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 40
-    assert s.proc.wait(60) in (0, -15)          # uvicorn re-raises the signal after its graceful shutdown
+    assert s.proc.wait(60) == 0                 # a drained shutdown is a clean exit
     with pytest.raises(httpx.ConnectError):
         httpx.post(s.url + "/v1/completions", json={"prompt": "x"}, timeout=5)
 

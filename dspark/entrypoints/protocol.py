@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,15 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.outputs import RequestDelta
-from ..sample.sampling import SamplingParams
+from ..sample.sampling import MAX_LOGPROBS, SamplingParams
 
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'NEUTRAL', 'MAX_LOGPROBS', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'ChatMessage',
-           'ChatCompletionRequest', 'TokenizeRequest', 'DetokenizeRequest', 'APIError', 'error_body',
-           'validation_message', 'install_error_handlers', 'check_unsupported', 'sampling_params', 'chat_messages',
-           'Choice', 'usage', 'completion_logprobs', 'chat_logprobs', 'sse']
+__all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'ChatMessage', 'ChatCompletionRequest',
+           'TokenizeRequest', 'DetokenizeRequest', 'APIError', 'error_body', 'validation_message',
+           'install_error_handlers', 'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages',
+           'Choice', 'usage', 'response_id', 'request_id', 'completion_logprobs', 'chat_logprobs', 'sse',
+           'openai_http_protocol']
 
 # %% ../../nbs/32_protocol.ipynb #9ec1b948
 class _Strict(BaseModel):
@@ -93,13 +95,14 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "echo": False}
-MAX_LOGPROBS = 20
+MAX_N = 16                                  # most choices one prompt may ask for
 
 # %% ../../nbs/32_protocol.ipynb #f6bbf1f7
 class APIError(Exception):
     "An error the client should see: HTTP status, message, OpenAI error type, the offending parameter."
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 500: "internal_server_error", 503: "service_unavailable_error"}
+             405: "invalid_request_error", 413: "invalid_request_error", 500: "internal_server_error",
+             503: "service_unavailable_error"}
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
@@ -138,7 +141,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e: StarletteHTTPException):
-        return APIError(e.status_code, str(e.detail)).response()
+        return APIError(e.status_code, str(e.detail), headers=e.headers).response()
 
     @app.exception_handler(Exception)
     async def _internal(request, e: Exception):
@@ -146,23 +149,34 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError(500, f"internal error: {type(e).__name__}").response()
 
 # %% ../../nbs/32_protocol.ipynb #a41b3e92
+def unknown_fields(m: BaseModel, where: str = "") -> list[str]:
+    "Every field `m` does not know, nested ones included, by path (`messages[0].tool_calls`)."
+    out = [f"{where}{k}" for k in (m.model_extra or {})]
+    for name in type(m).model_fields:
+        v = getattr(m, name)
+        if isinstance(v, BaseModel): out += unknown_fields(v, f"{where}{name}.")
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                if isinstance(x, BaseModel): out += unknown_fields(x, f"{where}{name}[{i}].")
+    return out
+
 def check_unsupported(req: _Strict) -> None:
-    "400 for fields we do not implement (unknown names, or known ones away from their neutral value)."
-    extra = sorted((req.model_extra or {}).keys())
+    """400 for what we do not implement — unknown names at any depth, known ones away from their neutral value —
+    and for an `n` out of range: the first checks a request gets, before any other work."""
+    extra = unknown_fields(req)
     if extra: raise APIError(400, f"unsupported field(s): {', '.join(extra)}", extra[0])
+    n = getattr(req, "n", 1)
+    if not 1 <= n <= MAX_N: raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "n")
     for name, neutral in NEUTRAL.items():
         if name in type(req).model_fields and getattr(req, name) != neutral:
             raise APIError(400, f"{name}={getattr(req, name)!r} is not supported (only {neutral!r})", name)
     opts = getattr(req, "stream_options", None)
-    if opts is not None and opts.model_extra:
-        raise APIError(400, f"unsupported stream_options field(s): {', '.join(opts.model_extra)}", "stream_options")
     if opts is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
                     logprobs: int | None, choice: int = 0) -> SamplingParams:
     "The engine's `SamplingParams` for one choice; ValueErrors name the field."
-    if not 1 <= req.n <= 16: raise APIError(400, f"n must be in [1, 16], got {req.n}", "n")
     room = max_model_len - prompt_len
     if max_tokens is None: max_tokens = room
     if max_tokens < 1: raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
@@ -209,9 +223,23 @@ class Choice:
         self.finish_reason, self.num_prompt, self.num_cached = d.finish_reason, d.num_prompt_tokens, d.num_cached_tokens
 
 def usage(choices: list[Choice], prompt_lens: list[int]) -> dict:
+    """Token counts of a response: each prompt once, however many choices it has (`choices` prompt by prompt,
+    `len(choices) // len(prompt_lens)` each); a prompt's cached tokens are those every one of its choices found cached."""
+    n = max(1, len(choices) // max(1, len(prompt_lens)))
     prompt, completion = sum(prompt_lens), sum(len(c.token_ids or []) for c in choices)
+    cached = sum(min(c.num_cached for c in choices[k:k + n]) for k in range(0, len(choices), n))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(c.num_cached for c in choices)}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+def response_id(prefix: str) -> str:
+    "A response id the server makes up (`cmpl-…`, `chatcmpl-…`): never the client's, unique per response."
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+def request_id(given: str | None) -> str:
+    """The id a request is logged under and echoed in `X-Request-Id`: the client's if it is 1–128 printable ASCII
+    characters without spaces, else a fresh one."""
+    if given and len(given) <= 128 and all("!" <= ch <= "~" for ch in given): return given
+    return uuid.uuid4().hex
 
 def completion_logprobs(tok, token_ids: list[int], lps: list[dict], offset: int) -> dict:
     "The completions API's logprobs object for some tokens (`offset`: characters of text before them)."
@@ -236,3 +264,16 @@ def chat_logprobs(tok, token_ids: list[int], lps: list[dict], top: int) -> dict:
 
 def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def openai_http_protocol():
+    """uvicorn's HTTP protocol class with its one plain-text reply — the 400 for a request it cannot parse —
+    answered in OpenAI's error shape like every other error."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    class OpenAIErrors(AutoHTTPProtocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(error_body(400, msg)).encode()
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            self.transport.close()
+    return OpenAIErrors

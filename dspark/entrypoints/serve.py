@@ -32,7 +32,8 @@ from .llm import LLM
 from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_logprobs,
-                             error_body, install_error_handlers, sampling_params, sse, usage)
+                             error_body, install_error_handlers, openai_http_protocol, request_id, response_id,
+                             sampling_params, sse, usage)
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")
@@ -84,7 +85,6 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
     disconnect_poll: float = 0.2
-    aliases: tuple[str, ...] = ()        # other names accepted as `model` (vLLM's default id is the path as given)
 
 class Gate:
     """ASGI middleware in front of every route: the request id, the API key, and the body limit (a body over
@@ -95,7 +95,7 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http": return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-        rid = headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request_id(headers.get("x-request-id"))
         scope.setdefault("state", {})["request_id"] = rid
         async def reply(status, message):
             await JSONResponse(error_body(status, message), status, headers={"X-Request-Id": rid})(scope, receive, send)
@@ -138,11 +138,15 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
     app.state.engine, app.state.config = engine, sc
 
     def check_model(name: str | None) -> None:
-        if name is not None and name != sc.served_model_name and name not in sc.aliases:
+        if name is not None and name != sc.served_model_name:
             raise APIError(404, f"The model `{name}` does not exist (this server serves `{sc.served_model_name}`)", "model")
 
     def start(prompt_ids: list[list[int]], params: list[SamplingParams], rid: str) -> list[AsyncIterator[RequestDelta]]:
         "Add every choice's engine request (all or none) and return their streams."
+        if len(params) > engine.max_in_flight:              # can never fit: retrying would loop forever
+            raise APIError(400, f"the request asks for {len(params)} choices (prompts × n); this server holds at most "
+                                f"{engine.max_in_flight} sequences in flight", "n")
+        log.info("request %s: %d choice(s)", rid, len(params))
         if engine.num_in_flight + len(params) > engine.max_in_flight:
             raise APIError(503, "the server is overloaded: too many requests waiting; retry later", headers={"Retry-After": "1"})
         added = []
@@ -194,14 +198,14 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
         check_unsupported(body); check_model(body.model)
         rid = request.state.request_id
         prompts = tokenize_prompts(body.prompt)
-        ids, params, owner = [], [], []
-        for k, p in enumerate(prompts):
+        ids, params = [], []
+        for p in prompts:
             for j in range(body.n):
-                ids.append(p); owner.append(k)
+                ids.append(p)
                 params.append(sampling_params(body, body.max_tokens, len(p), llm.max_model_len, body.logprobs, j))
         streams = start(ids, params, rid)
-        head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": sc.served_model_name}
-        lens = [len(p) for p in ids]
+        head = {"id": response_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": sc.served_model_name}
+        lens = [len(p) for p in prompts]
         if not body.stream:
             choices = await collect(request, streams)
             return JSONResponse(head | {"choices": [
@@ -231,8 +235,8 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = [sampling_params(body, max_tokens, len(prompt), llm.max_model_len, top, j) for j in range(body.n)]
         streams = start([prompt] * body.n, params, rid)
-        head = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": sc.served_model_name}
-        lens = [len(prompt)] * body.n
+        head = {"id": response_id("chatcmpl"), "created": int(time.time()), "model": sc.served_model_name}
+        lens = [len(prompt)]
         if not body.stream:
             choices = await collect(request, streams)
             return JSONResponse(head | {"object": "chat.completion", "choices": [
@@ -252,7 +256,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": sc.served_model_name, "object": "model", "created": created,
-                                            "owned_by": "dspark", "root": str(llm.model_path), "parent": None,
+                                            "owned_by": "dspark", "root": sc.served_model_name, "parent": None,
                                             "max_model_len": llm.max_model_len}]}
 
     @app.get("/health")
@@ -300,6 +304,7 @@ class ServerArgs(ArgGroup):
     api_key: str | None = arg(None, "require 'Authorization: Bearer KEY' on /v1/* routes")
     max_waiting_requests: int = arg(256, "requests allowed to wait beyond max-num-seqs before 503s", minimum=1)
     max_body_bytes: int = arg(4 * 2**20, "largest request body accepted (413 beyond)", minimum=1)
+    shutdown_timeout: float = arg(30.0, "seconds a graceful shutdown (SIGTERM) waits for running requests", minimum=0)
     spec_log_interval: float = arg(10.0, "seconds between spec-decode summary log lines")
     log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
     dry_run: bool = arg(False, "print the resolved configuration and memory plan, then exit")
@@ -390,14 +395,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr); return 2
     engine = AsyncEngine(llm, a.max_waiting_requests, EngineMetrics(a.served_model_name, log_interval=a.spec_log_interval))
-    app = build_app(engine, ServerConfig(a.served_model_name, a.api_key, a.max_body_bytes,
-                                         aliases=(a.model, str(Path(a.model).resolve()))))
+    app = build_app(engine, ServerConfig(a.served_model_name, a.api_key, a.max_body_bytes))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):                  # SIGTERM/SIGINT: refuse new work, let running finish
             engine.drain(); super().handle_exit(sig, frame)
+            self._captured_signals.clear()                  # a drained shutdown is a clean exit (0), not a re-raised signal
 
-    server = Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=5))
+    server = Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=5,
+                                   timeout_graceful_shutdown=a.shutdown_timeout, http=openai_http_protocol()))
     log.info("serving %s (%s) on http://%s:%d", a.served_model_name, conf["speculative"], a.host, a.port)
     with frozen_heap(): server.run()           # the engine's start-up heap stays out of the collector's passes
     return 0

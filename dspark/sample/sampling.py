@@ -14,14 +14,23 @@ from typing import Callable
 import torch
 
 # %% auto #0
-__all__ = ['STREAMS', 'PHILOX_M', 'PHILOX_W', 'FAST', 'SamplingParams', 'process_rows', 'process_logits', 'probs', 'RowParams',
-           'row_probs', 'on_device', 'signed64', 'stream_key', 'philox4x32', 'bits_to_uniform', 'keyed_uniforms',
-           'keyed_uniform', 'gumbel', 'draw_keyed', 'sample', 'draft_sample']
+__all__ = ['MAX_LOGPROBS', 'F32_MAX', 'F32_TINY', 'TOP_K_WHOLE', 'STREAMS', 'PHILOX_M', 'PHILOX_W', 'FAST', 'SamplingParams',
+           'process_rows', 'process_logits', 'probs', 'RowParams', 'row_probs', 'on_device', 'signed64', 'stream_key',
+           'philox4x32', 'bits_to_uniform', 'keyed_uniforms', 'keyed_uniform', 'gumbel', 'draw_keyed', 'sample',
+           'draft_sample']
 
 # %% ../../nbs/02_sampling.ipynb #4c55a527
+MAX_LOGPROBS = 20                          # most alternatives a token's logprobs may list (vLLM's default cap)
+F32_MAX, F32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38   # float32's largest and smallest normal values
+TOP_K_WHOLE = 2**31                        # a top_k this large is beyond any vocabulary: the whole vocabulary
+
 @dataclass
 class SamplingParams:
-    "Per-request sampling settings (vLLM-compatible names). `temperature=0` means greedy."
+    """Per-request sampling settings (vLLM-compatible names). `temperature=0` means greedy. Every value is checked
+    here, where it is made, against what the sampler can honour after its float32/int64 casts: a number that
+    would overflow or round to nothing is a `ValueError` naming the field, never a fault inside a step. A `seed`
+    may be any integer (the sampler uses it mod 2⁶⁴); a `top_k` of 2³¹ or more means the whole vocabulary (-1);
+    a temperature that is 0 in float32 is greedy (0)."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -33,25 +42,27 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self):
-        def bad(name, msg): raise ValueError(f"SamplingParams.{name}: {msg}, got {getattr(self, name)!r}")
-        num = (int, float)
-        if not isinstance(self.temperature, num) or isinstance(self.temperature, bool) or not self.temperature >= 0:
-            bad("temperature", "must be a number >= 0")
-        if not isinstance(self.top_p, num) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not (self.top_k == -1 or self.top_k >= 1):
+        def bad(name, msg): raise ValueError(f"SamplingParams.{name}: {msg}, got {getattr(self, name)!r:.80}")
+        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
+        is_num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not is_num(self.temperature) or not 0 <= self.temperature <= F32_MAX:
+            bad("temperature", "must be a finite number >= 0")
+        if self.temperature < F32_TINY: self.temperature = 0.0      # 0 in the sampler's float32: greedy on the host too
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1: bad("top_p", "must be in (0, 1]")
+        if self.top_p < F32_TINY: bad("top_p", "rounds to 0 in float32 (the sampler's precision); use a larger value")
+        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):
             bad("top_k", "must be -1 (off) or an integer >= 1")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            bad("max_tokens", "must be an integer >= 1")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            bad("seed", "must be an integer or None")
+        if self.top_k >= TOP_K_WHOLE: self.top_k = -1
+        if not is_int(self.max_tokens) or self.max_tokens < 1: bad("max_tokens", "must be an integer >= 1")
+        if self.seed is not None and not is_int(self.seed): bad("seed", "must be an integer or None")
         if isinstance(self.stop, str): self.stop = [self.stop]
         if self.stop is not None and (not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop)):
             bad("stop", "must be a non-empty string or a list of non-empty strings")
-        if self.stop_token_ids is not None and not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+        if self.stop_token_ids is not None and (not isinstance(self.stop_token_ids, list)
+                                                or not all(is_int(t) and 0 <= t < 2**63 for t in self.stop_token_ids)):
             bad("stop_token_ids", "must be a list of token ids >= 0")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or self.logprobs < 0):
-            bad("logprobs", "must be an integer >= 0 or None")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] or None")
 
     @property
     def greedy(self) -> bool: return self.temperature == 0
