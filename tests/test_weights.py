@@ -33,11 +33,13 @@ def load_fp8(path) -> Transformer:
 
 @pytest.fixture(scope="module")
 def fp8(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("w") / "fp8", fmt="fp8", seed=0, drafter="dspark")
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("w") / "fp8", fmt="fp8", seed=0, drafter="dspark",
+                                num_hidden_layers=4)      # SWA, SWA, CSA, HCA; hash and top-k routing
 
 @pytest.fixture(scope="module")
 def fp8_mtp(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("w") / "fp8_mtp", fmt="fp8", seed=1, drafter="mtp")
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("w") / "fp8_mtp", fmt="fp8", seed=1, drafter="mtp",
+                                num_hidden_layers=4, compress_ratios=[0, 0, 4, 16, 0])
 
 def sig(sd: dict) -> dict:
     return {k: (v.dtype, tuple(v.shape)) for k, v in sd.items()}
@@ -91,7 +93,7 @@ def test_resident_bytes_are_the_stored_bytes(fp8):
 
 
 def test_as_stored_logits_equal_the_dequantised_reference(fp8):
-    ids = torch.randint(0, load_config(fp8).vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, load_config(fp8).vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a = load_fp8(fp8).logits(ids)
         b = dspark.load_target(fp8, dtype="bfloat16").logits(ids)
@@ -100,17 +102,18 @@ def test_as_stored_logits_equal_the_dequantised_reference(fp8):
 
 @pytest.mark.parametrize("speculative", [None, "dspark"])
 def test_llm_greedy_tokens_auto_equal_none(fp8, speculative):
-    prompts = [[0, 17, 42, 99, 7, 300, 12], [0, 5, 6]]
-    params = dspark.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [[0, 17, 42, 99, 7], [0, 5, 6]]          # bf16 on a CPU is slow: a few tokens show the parity
+    params = dspark.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     outs = {}
     for q in ("auto", "none"):
-        llm = dspark.LLM(model=str(fp8), device="cpu", dtype="bfloat16", quantization=q, speculative=speculative)
+        llm = dspark.LLM(model=str(fp8), device="cpu", dtype="bfloat16", quantization=q, speculative=speculative,
+                         num_speculative_tokens=2 if speculative else None)
         outs[q] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         if q == "auto":
             assert isinstance(llm.engine.model.layers[1].attn.wo_a, FP8Linear)
             if speculative: assert isinstance(llm.engine.runner.proposer.drafter.mtp[0].main_proj, FP8Linear)
         llm.close()
-    assert outs["auto"] == outs["none"] and all(len(t) == 12 for t in outs["auto"])
+    assert outs["auto"] == outs["none"] and all(len(t) == 5 for t in outs["auto"])
 
 
 def test_stored_experts_and_tp_decline(fp8):

@@ -35,11 +35,13 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
         buf = _SCRATCH[key] = torch.empty(numel, dtype=dtype, device=device)
     return buf[:numel]
 
-def e8m0_scales(scale: torch.Tensor) -> torch.Tensor:
-    "E8M0 bytes `[...]` -> their powers of two `2^(E-127)` in fp32, written into the shared `scale` scratch."
+def e8m0_scales(scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """E8M0 bytes `[...]` -> their powers of two `2^(E-127)` in `dtype` (exact in bf16 and fp32, which share fp32's
+    exponent range), written into the shared `scale` scratch: the multiply that applies them then runs in one dtype."""
     s = scratch("scale", scale.numel(), torch.float32, scale.device).view(scale.shape)
-    s.copy_(scale.view(torch.uint8)).sub_(127)
-    return torch.exp2(s, out=s)
+    torch.exp2(s.copy_(scale.view(torch.uint8)).sub_(127), out=s)
+    if dtype == torch.float32: return s
+    return scratch("scale", scale.numel(), dtype, scale.device).view(scale.shape).copy_(s)
 
 # %% ../../nbs/07a_weights.ipynb #w009
 BLOCK = 128   # FP8 weights: one scale per 128×128 block
@@ -62,7 +64,7 @@ class FP8Linear(nn.Module):
         (O, I), (so, si) = self.weight.shape, self.scale.shape
         out = scratch("dense", so * BLOCK * si * BLOCK, dtype, self.weight.device).view(so * BLOCK, si * BLOCK)
         out[:O, :I].copy_(self.weight)                       # e4m3 -> dtype: exact in bf16 and fp32
-        out.view(so, BLOCK, si, BLOCK).mul_(e8m0_scales(self.scale)[:, None, :, None])   # edge padding is never read
+        out.view(so, BLOCK, si, BLOCK).mul_(e8m0_scales(self.scale, dtype)[:, None, :, None])   # edge padding is never read
         return out[:O, :I]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +106,7 @@ class FP4Linear(nn.Module):
         codes.copy_(self.weight.view(torch.uint8).view(-1))
         out = scratch("dense", O * I, dtype, dev)
         torch.index_select(fp4_pairs(dtype, dev), 0, codes, out=out.view(-1, 2))
-        out.view(O, I // FP4_BLOCK, FP4_BLOCK).mul_(e8m0_scales(self.scale)[..., None])
+        out.view(O, I // FP4_BLOCK, FP4_BLOCK).mul_(e8m0_scales(self.scale, dtype)[..., None])
         return out.view(O, I)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
