@@ -21,7 +21,7 @@ __all__ = ['BLOCK', 'FP4_BLOCK', 'STORED', 'FP8_LINEAR', 'FP4_EXPERT', 'STORED_F
            'e8m0_scales', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'stored_format', 'as_stored',
            'resident_bytes', 'dummy_weights']
 
-# %% ../../nbs/07a_weights.ipynb #w007
+# %% ../../nbs/07a_weights.ipynb #w006
 _SCRATCH: dict[tuple[str, str, torch.dtype], torch.Tensor] = {}
 
 def scratch(name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -43,7 +43,7 @@ def e8m0_scales(scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     if dtype == torch.float32: return s
     return scratch("scale", scale.numel(), dtype, scale.device).view(scale.shape).copy_(s)
 
-# %% ../../nbs/07a_weights.ipynb #w009
+# %% ../../nbs/07a_weights.ipynb #w008
 BLOCK = 128   # FP8 weights: one scale per 128×128 block
 
 class FP8Linear(nn.Module):
@@ -72,7 +72,7 @@ class FP8Linear(nn.Module):
 
     def extra_repr(self) -> str: return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 + 128×128 e8m0"
 
-# %% ../../nbs/07a_weights.ipynb #w012
+# %% ../../nbs/07a_weights.ipynb #w011
 FP4_BLOCK = 32   # FP4 experts: one scale per 32 inputs of a row
 _PAIRS: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
@@ -120,7 +120,7 @@ def dense_weight(linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     "A linear map's dense weight in `dtype`: the parameter itself for `nn.Linear`, else its dequantisation."
     return linear.dequantized(dtype) if isinstance(linear, STORED) else linear.weight.to(dtype)
 
-# %% ../../nbs/07a_weights.ipynb #w015
+# %% ../../nbs/07a_weights.ipynb #w014
 # which linears the release stores as FP8 and which as FP4 (by module name), and which plain tensors it keeps in fp32
 FP8_LINEAR = re.compile(r"(^|\.)(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|shared_experts\.w[123]|e_proj|h_proj|main_proj)$")
 FP4_EXPERT = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]$")
@@ -157,7 +157,7 @@ def resident_bytes(model: nn.Module) -> int:
     "Bytes of every tensor in `model.state_dict()`, as held (numel × element size)."
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
-# %% ../../nbs/07a_weights.ipynb #w018
+# %% ../../nbs/07a_weights.ipynb #w020
 FP4_RMS = float(FP4_VALUES.square().mean().sqrt())   # rms of an E2M1 value whose 16 codes are equally likely
 FP8_SPREAD = 64.0                                     # rms of the random FP8 codes: well inside ±448
 
