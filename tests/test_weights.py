@@ -144,6 +144,20 @@ def test_dummy_weights(fp8, tmp_path):
     assert 0.5 < float(w.dequantized(torch.float32).square().mean().sqrt()) * w.in_features ** 0.5 < 2
 
 
+def test_dummy_weights_dequantised(fp8, tmp_path):
+    "`load_format='dummy'` with `quantization='none'`: dense random weights in --dtype (fp32 where the release keeps it)."
+    d = tmp_path / "dummy"
+    d.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"): shutil.copy(fp8 / f, d / f)
+    llm = dspark.LLM(model=str(d), device="cpu", dtype="float32", load_format="dummy", speculative="dspark",
+                     num_speculative_tokens=2)
+    ref = dspark.load_target(fp8, dtype="float32")
+    assert sig(llm.engine.model.state_dict()) == sig(ref.state_dict())
+    out = llm.generate([[0, 11, 12]], dspark.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+    llm.close()
+
+
 def test_engine_args_carry_both_settings():
     args = EngineArgs(quantization="auto", load_format="dummy", device="cpu")
     kw = args.llm_kwargs()

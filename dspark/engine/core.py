@@ -191,6 +191,9 @@ class EngineCore:
         "The target model (a seam: tensor parallelism loads, shards, then places it)."
         if self.quantization == "none" and self.load_format == "auto": return load_target(path, device=device, dtype=dtype)
         with torch.device("meta"): model = Transformer(load_config(path))
+        if self.quantization == "auto":
+            log.info("quantization='auto': weights as stored, activations in the stored embedding's bf16 (--dtype is "
+                     "the dequantised reference's)")
         return self._weights(model, path, device, dtype, target=True)
 
     def _load_drafter(self, path, speculative: str | None):
