@@ -17,7 +17,7 @@ from dspark.model.layers import set_moe_impl, stack_experts
 from dspark.model.mtp import MTPDrafter
 from dspark.model.quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
 from dspark.model.transformer import Transformer
-from dspark.model.weights import FP4Linear, FP8Linear, as_stored, dummy_weights, resident_bytes
+from dspark.model.weights import FP4Linear, FP8Linear, as_stored, dummy_weights, resident_bytes, scratch
 
 
 def stored_state(path) -> dict[str, torch.Tensor]:
@@ -57,6 +57,21 @@ def test_fp8_linear_equals_dequantised_reference(shape, dtype):
     assert torch.equal(lin(x), ref)
     assert list(lin.state_dict()) == ["weight", "scale"]
     assert tuple(lin.scale.shape) == (-(-O // 128), -(-I // 128))
+
+
+def test_one_shared_scratch_per_device_and_dtype():
+    "Layers of every size dequantise into one buffer: once the widest has run, no call allocates a dense weight."
+    g = torch.Generator().manual_seed(0)
+    big, small, ex = FP8Linear(512, 640), FP8Linear(128, 256), FP4Linear(256, 384)
+    for lin, (O, I) in ((big, (640, 512)), (small, (256, 128))):
+        lin.weight.data, lin.scale.data = quantize_fp8(torch.randn(O, I, generator=g))
+    ex.weight.data, ex.scale.data = quantize_fp4(torch.randn(384, 256, generator=g))
+    x = torch.randn(2, 512, dtype=torch.bfloat16)
+    big(x)
+    ptr = scratch("dense", 1, torch.bfloat16, "cpu").data_ptr()
+    for _ in range(2): small(x[:, :128]); ex(x[:, :256]); big(x)
+    assert scratch("dense", 1, torch.bfloat16, "cpu").data_ptr() == ptr
+    assert small.dequantized(torch.bfloat16).data_ptr() == ptr      # a view of the shared buffer, not a copy
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
