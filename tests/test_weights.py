@@ -133,6 +133,7 @@ def test_llm_greedy_tokens_auto_equal_none(fp8, speculative):
 
 def test_stored_experts_and_tp_decline(fp8):
     model = load_fp8(fp8)
+    with pytest.raises(TypeError, match="stored dtypes"): model.to(torch.float32)   # codes are not values
     assert set_moe_impl(model, "dense") == 0 and model.layers[0].ffn.impl == "loop"
     with pytest.raises(ValueError, match="kept as stored"): stack_experts(model.layers[0].ffn)
     with pytest.raises(ValueError, match="kept as stored"): shard_block(model.layers[0], 0, 2)

@@ -17,8 +17,8 @@ from torch import nn
 from .quant import FP4_VALUES, FP8_MAX, quantize_fp4, quantize_fp8
 
 # %% auto #0
-__all__ = ['BLOCK', 'FP4_BLOCK', 'STORED', 'FP8_LINEAR', 'FP4_EXPERT', 'STORED_FP32', 'FP4_RMS', 'FP8_SPREAD', 'scratch',
-           'e8m0_scales', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'stored_format', 'as_stored',
+__all__ = ['BLOCK', 'FP4_BLOCK', 'FP8_LINEAR', 'FP4_EXPERT', 'STORED_FP32', 'FP4_RMS', 'FP8_SPREAD', 'scratch', 'e8m0_scales',
+           'StoredLinear', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'stored_format', 'as_stored',
            'resident_bytes', 'dummy_weights']
 
 # %% ../../nbs/07a_weights.ipynb #w006
@@ -46,11 +46,29 @@ def e8m0_scales(scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
 # %% ../../nbs/07a_weights.ipynb #w008
 BLOCK = 128   # FP8 weights: one scale per 128×128 block
 
-class FP8Linear(nn.Module):
+class StoredLinear(nn.Module):
+    """What `FP8Linear` and `FP4Linear` share: `forward(x)` is a GEMM with `dequantized(x.dtype)`, and the stored
+    tensors keep their dtypes: `model.to(device)` moves them, `model.to(dtype)` or `.half()` is refused (it would cast
+    the codes and scales as if they were values)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized(x.dtype))
+
+    def _apply(self, fn, recurse=True):
+        before = (self.weight.dtype, self.scale.dtype)
+        probe = fn(torch.empty(0, dtype=before[0], device=self.weight.device))
+        if probe.dtype != before[0]:
+            raise TypeError(f"{type(self).__name__} keeps its stored dtypes; move it with .to(device), not .to({probe.dtype})")
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
+
+class FP8Linear(StoredLinear):
     """A bias-free linear map kept as DeepSeek ships it: `weight` float8_e4m3fn `[O, I]` and `scale` float8_e8m0fnu
     `[⌈O/128⌉, ⌈I/128⌉]` (one power of two per 128×128 block), so `state_dict()` names them `<module>.weight` and
     `<module>.scale` exactly as the checkpoint does. `forward(x)` is the one way in; `dequantized(dtype)` is the one
     place a dense weight is made (into the shared scratch buffer): a block-scaled FP8 GEMM replaces that pair."""
+    fmt = "fp8 e4m3 + 128×128 e8m0 scales"
     def __init__(self, in_features: int, out_features: int, device=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -67,11 +85,6 @@ class FP8Linear(nn.Module):
         out.view(so, BLOCK, si, BLOCK).mul_(e8m0_scales(self.scale, dtype)[:, None, :, None])   # edge padding is never read
         return out[:O, :I]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized(x.dtype))
-
-    def extra_repr(self) -> str: return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 + 128×128 e8m0"
-
 # %% ../../nbs/07a_weights.ipynb #w011
 FP4_BLOCK = 32   # FP4 experts: one scale per 32 inputs of a row
 _PAIRS: dict[tuple[str, torch.dtype], torch.Tensor] = {}
@@ -85,10 +98,11 @@ def fp4_pairs(dtype: torch.dtype, device) -> torch.Tensor:
         _PAIRS[key] = (FP4_VALUES[nib & 7] * (1 - 2 * (nib >> 3)).float()).to(device=device, dtype=dtype)
     return _PAIRS[key]
 
-class FP4Linear(nn.Module):
+class FP4Linear(StoredLinear):
     """A routed expert's linear map as stored: `weight` int8 `[O, I/2]` holding two E2M1 codes per byte (low nibble =
     even input) and `scale` float8_e8m0fnu `[O, I/32]`. Same interface as `FP8Linear`: `forward`, and
     `dequantized(dtype)` as the one place a dense weight is made (a byte-pair table lookup into the scratch)."""
+    fmt = "fp4 e2m1 (two per byte) + per-32 e8m0 scales"
     def __init__(self, in_features: int, out_features: int, device=None):
         super().__init__()
         if in_features % FP4_BLOCK:
@@ -109,16 +123,10 @@ class FP4Linear(nn.Module):
         out.view(O, I // FP4_BLOCK, FP4_BLOCK).mul_(e8m0_scales(self.scale, dtype)[..., None])
         return out.view(O, I)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized(x.dtype))
-
-    def extra_repr(self) -> str: return f"in_features={self.in_features}, out_features={self.out_features}, fp4 e2m1 + per-32 e8m0"
-
-STORED = (FP8Linear, FP4Linear)
 
 def dense_weight(linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     "A linear map's dense weight in `dtype`: the parameter itself for `nn.Linear`, else its dequantisation."
-    return linear.dequantized(dtype) if isinstance(linear, STORED) else linear.weight.to(dtype)
+    return linear.dequantized(dtype) if isinstance(linear, StoredLinear) else linear.weight.to(dtype)
 
 # %% ../../nbs/07a_weights.ipynb #w014
 # which linears the release stores as FP8 and which as FP4 (by module name), and which plain tensors it keeps in fp32
@@ -146,7 +154,7 @@ def as_stored(model: nn.Module) -> nn.Module:
                 new.weight.data, new.scale.data = q, s
             setattr(mod, child_name, new)
     for name, mod in model.named_modules():
-        if isinstance(mod, STORED): continue
+        if isinstance(mod, StoredLinear): continue
         for leaf, p in list(mod.named_parameters(recurse=False)):
             dt = torch.float32 if STORED_FP32.search(f"{name}.{leaf}") else torch.bfloat16
             if p.is_floating_point() and p.dtype != dt:
