@@ -115,18 +115,20 @@ def test_as_stored_logits_equal_the_dequantised_reference(fp8):
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("speculative", [None, "dspark"])
-def test_llm_greedy_tokens_auto_equal_none(fp8, speculative):
+@pytest.mark.parametrize("ckpt,speculative", [("fp8", None), ("fp8", "dspark"), ("fp8_mtp", "mtp")])
+def test_llm_greedy_tokens_auto_equal_none(ckpt, speculative, request):
+    fp8 = request.getfixturevalue(ckpt)
     prompts = [[0, 17, 42, 99, 7], [0, 5, 6]]          # bf16 on a CPU is slow: a few tokens show the parity
     params = dspark.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     outs = {}
     for q in ("auto", "none"):
         llm = dspark.LLM(model=str(fp8), device="cpu", dtype="bfloat16", quantization=q, speculative=speculative,
-                         num_speculative_tokens=2 if speculative else None)
+                         num_speculative_tokens=2 if speculative == "dspark" else None)
         outs[q] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         if q == "auto":
             assert isinstance(llm.engine.model.layers[1].attn.wo_a, FP8Linear)
-            if speculative: assert isinstance(llm.engine.runner.proposer.drafter.mtp[0].main_proj, FP8Linear)
+            pr = llm.engine.runner.proposer
+            if speculative: assert isinstance((getattr(pr, "drafter", None) or pr.mtp).mtp[0].attn.wq_b, FP8Linear)
         llm.close()
     assert outs["auto"] == outs["none"] and all(len(t) == 5 for t in outs["auto"])
 
