@@ -20,6 +20,7 @@ from ..model.attention import Attention, Indexer
 from ..config import ModelConfig
 from ..model.layers import Expert, MoE
 from ..model.transformer import Block, Transformer
+from ..model.weights import StoredLinear
 
 # %% auto #0
 __all__ = ['tp_problems', 'check_tp_size', 'RowParallelLinear', 'ParallelHead', 'VocabParallelEmbedding', 'ShardedIndexer',
@@ -125,6 +126,9 @@ def shard_moe(moe: MoE, rank: int, world: int) -> None:
     se.w2 = _linear(_rows(se.w2.weight, rank, world, dim=1))
 
 def shard_block(blk: Block, rank: int, world: int) -> None:
+    if any(isinstance(m, StoredLinear) for m in blk.modules()):
+        raise ValueError("tensor parallelism slices dense weights; a block kept as stored (quantization='auto') must "
+                         "be sliced by the loader, rank by rank")
     shard_attention(blk.attn, rank, world); shard_moe(blk.ffn, rank, world)
 
 def shard_model(model: Transformer, rank: int, world: int) -> None:

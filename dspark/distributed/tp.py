@@ -305,6 +305,9 @@ class TPEngineCore(EngineCore):
 
     # -- loading: every rank reads the checkpoint on the CPU and keeps its shard
     def _load_target(self, path, device: str, dtype: str):
+        if self.quantization != "none" or self.load_format != "auto":
+            raise NotImplementedError("tensor parallelism loads dense weights: quantization='auto' and "
+                                      "load_format='dummy' need the per-rank loader")
         model = load_target(path, device="cpu", dtype=dtype)
         shard_model(model, self.rank, self.world)
         return model.to(device)

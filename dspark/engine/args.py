@@ -59,6 +59,10 @@ class ModelArgs(ArgGroup):
                                          "'{\"num_hidden_layers\": 12}'")
     device: str | None = arg(None, "cpu or cuda (default: cuda when available)")
     dtype: str = arg("auto", "auto: bfloat16 on GPU, float32 on CPU", choices=("auto", "float32", "bfloat16", "float16"))
+    quantization: str = arg("none", "auto: weights stay as stored (FP8 linears, FP4 experts; activations in the stored "
+                                    "bf16); none: dequantised to --dtype, the reference", choices=("auto", "none"))
+    load_format: str = arg("auto", "auto: read the checkpoint's weights; dummy: random weights in the stored formats from "
+                                   "config.json alone (benchmarks)", choices=("auto", "dummy"))
     tensor_parallel_size: int = arg(1, "GPUs the model is sharded over", minimum=1)
     seed: int = arg(0, "base of the sampling streams of requests that bring no seed of their own")
     max_model_len: int | None = arg(None, "longest prompt + completion (default: the model's max_position_embeddings)")

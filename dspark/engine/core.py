@@ -10,15 +10,18 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..model.checkpoint import load_target
-from ..model.drafter import load_drafter
-from ..model.mtp import load_mtp
+from ..config import load_config
+from ..model.checkpoint import DTYPES, CheckpointError, check_state, load_target, read_tensors
+from ..model.drafter import DRAFT_KEY_ALIASES, DSparkDrafter, load_drafter
+from ..model.mtp import MTPDrafter, load_mtp
+from ..model.weights import as_stored, dummy_weights
 from ..sample.rejection import truncate_at_stop
 from ..spec.proposers import DSparkProposer, MTPProposer
 from ..spec.controller import CapacityConfig, CapacityController
@@ -103,11 +106,11 @@ class EngineCore:
                  num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
                  capacity: str | CapacityConfig | None = None, kv_cache_dtype: str = "auto",
                  fp8_draft_head: bool = False, enforce_eager: bool = False, overlap_decode: bool = True,
-                 hf_overrides: str | dict | None = None):
+                 quantization: str = "none", load_format: str = "auto", hf_overrides: str | dict | None = None):
         if speculative == "none": speculative = None
-        if hf_overrides:      # a checkpoint's tensors have the shapes of its own config.json
-            raise NotImplementedError("--hf-overrides reshapes the model: it needs weights built from the config "
-                                      "(--load-format dummy) or --dry-run; a checkpoint's tensors have its own config's shapes")
+        if hf_overrides and load_format != "dummy":      # a checkpoint's tensors have the shapes of its own config.json
+            raise ValueError("--hf-overrides reshapes the model: it needs weights built from the config "
+                             "(--load-format dummy) or --dry-run; a checkpoint's tensors have its own config's shapes")
         capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
         if capacity is not None and speculative != "dspark":
             raise ValueError(f"capacity control needs the DSpark confidence head (speculative='dspark'), got speculative={speculative!r}")
@@ -115,6 +118,9 @@ class EngineCore:
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
         if tensor_parallel_size != getattr(self, "world", 1):
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs dspark.LLM (it starts the ranks)")
+        if quantization not in ("auto", "none"): raise ValueError(f"quantization must be 'auto' or 'none', got {quantization!r}")
+        if load_format not in ("auto", "dummy"): raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+        self.quantization, self.load_format, self.seed, self.hf_overrides = quantization, load_format, seed, hf_overrides
         self.model = self._load_target(model, device, dtype)
         self.tokenizer = Tokenizer.from_dir(model)
         cfg, self.seed, self._count = self.model.cfg, seed, 0
@@ -200,12 +206,44 @@ class EngineCore:
 
     def _load_target(self, path, device: str, dtype: str) -> Transformer:
         "The target model (a seam: tensor parallelism loads, shards, then places it)."
-        return load_target(path, device=device, dtype=dtype)
+        if self.quantization == "none" and self.load_format == "auto": return load_target(path, device=device, dtype=dtype)
+        with torch.device("meta"): model = Transformer(load_config(path, self.hf_overrides))
+        if self.quantization == "auto":
+            log.info("quantization='auto': weights as stored, activations in the stored embedding's bf16 (--dtype is "
+                     "the dequantised reference's)")
+        return self._weights(model, path, device, dtype, target=True)
 
     def _load_drafter(self, path, speculative: str | None):
         "The drafter of a speculative mode, on the target's device (None without speculative decoding)."
-        return (load_drafter(path, self.model) if speculative == "dspark" else
-                load_mtp(path, self.model) if speculative == "mtp" else None)
+        if speculative is None: return None
+        if self.quantization == "none" and self.load_format == "auto":
+            return load_drafter(path, self.model) if speculative == "dspark" else load_mtp(path, self.model)
+        with torch.device("meta"): d = (DSparkDrafter if speculative == "dspark" else MTPDrafter)(self.model.cfg, self.model)
+        dev = self.model.embed.weight.device
+        return self._weights(d, path, dev, self.model.embed.weight.dtype, target=False)
+
+    def _weights(self, model, path, device, dtype, target: bool):
+        """`model` (built on meta) with its weights: kept as stored for `quantization='auto'`, random ones for
+        `load_format='dummy'` (made on `device` from `seed`), else the checkpoint's tensors as stored (the target's,
+        or the drafter's `mtp.*`). The one place this engine reads weights for those two settings, until the
+        streaming loader fills an as-stored model itself."""
+        if self.quantization == "auto": as_stored(model)
+        if self.load_format == "dummy":
+            return dummy_weights(model, self.seed, device, None if self.quantization == "auto" else DTYPES.get(dtype, dtype))
+        raw = read_tensors(path, skip=r"mtp\." if target else r"(?!mtp\.)")
+        state = {(k.removesuffix(".weight.scale") + ".scale" if k.endswith(".weight.scale") else k): v for k, v in raw.items()}
+        if not target:
+            for pat, rep in DRAFT_KEY_ALIASES: state = {re.sub(pat, rep, k): v for k, v in state.items()}
+        what = f"{'checkpoint' if target else 'drafter of'} {path}"
+        # one-byte codes are checked as bytes: NaN is 0x7F/0xFF in e4m3, 0xFF in e8m0 (isfinite has no FP8 kernels)
+        check_state(model.state_dict(), {k: v.view(torch.uint8) if v.element_size() == 1 else v for k, v in state.items()}, what)
+        nan = [k for k, v in state.items() if (v.dtype == torch.float8_e4m3fn and ((v.view(torch.uint8) & 0x7F) == 0x7F).any())
+               or (v.dtype == torch.float8_e8m0fnu and (v.view(torch.uint8) == 0xFF).any())]
+        if nan: raise CheckpointError(f"{what} has NaN codes in {nan[:8]}")
+        wrong = [f"{k}: {state[k].dtype} vs {v.dtype}" for k, v in model.state_dict().items() if state[k].dtype != v.dtype]
+        if wrong: raise CheckpointError(f"{what} is not stored in the formats quantization='auto' keeps: {wrong[:8]}")
+        model.load_state_dict(state, assign=True)
+        return model.to(device).eval()
 
     def close(self) -> None:
         "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."

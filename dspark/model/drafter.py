@@ -129,7 +129,7 @@ class DSparkDrafter(nn.Module):
     def _context_x(self, feats: torch.Tensor) -> torch.Tensor:
         "The features' projection that every stage's context rows are made from."
         first = self.mtp[0]
-        return first.main_norm(first.main_proj(feats.to(first.main_proj.weight.dtype)))
+        return first.main_norm(first.main_proj(feats.to(first.main_norm.weight.dtype)))
 
     def context_kv_into(self, feats: torch.Tensor, positions: torch.Tensor, ring: torch.Tensor, at: torch.Tensor) -> None:
         """`context_kv` written straight into `ring [slots, S, n, head_dim]`: token t's stage-s row goes to flat row

@@ -23,7 +23,8 @@ from ..config import ModelConfig
 __all__ = ['STACK', 'MOE_IMPLS', 'batch_invariant', 'is_batch_invariant', 'per_token', 'rms_norm', 'fast_kernel_ok', 'RMSNorm',
            'yarn_inv_freq', 'rope_inv_freq', 'rope_cos_sin', 'apply_rope', 'sinkhorn', 'hc_mixes', 'hc_pre', 'hc_post',
            'hc_head', 'topk_stable', 'score_fn', 'Gate', 'stack_linears', 'stacked_outputs', 'Expert', 'MoE',
-           'StackedExperts', 'stack_experts', 'grouped_experts', 'dense_experts', 'routed_sync_free', 'set_moe_impl']
+           'StackedExperts', 'plain_experts', 'stack_experts', 'grouped_experts', 'dense_experts', 'routed_sync_free',
+           'set_moe_impl']
 
 # %% ../../nbs/04_layers.ipynb #32ef50c9
 _MODE: ContextVar[str] = ContextVar("dspark_batch_invariant", default="off")   # "off" | "on" | "token" (inside `per_token`)
@@ -313,6 +314,11 @@ class StackedExperts:
     ptrs: tuple[int, ...]
     ids: torch.Tensor | None = None    # arange(E) on the stacks' device: the group ends' search keys, made once
 
+def plain_experts(moe: MoE) -> bool:
+    "Whether `moe`'s routed experts hold dense `nn.Linear` weights (the stacked paths' input), not stored FP4 ones."
+    ex = moe.experts[0]
+    return all(type(l) is nn.Linear for l in (ex.w1, ex.w2, ex.w3))
+
 def _weights(ex: Expert) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ex.w1.weight, ex.w3.weight, ex.w2.weight
 
@@ -334,6 +340,9 @@ def stack_experts(moe: MoE) -> StackedExperts:
     """Hold `moe`'s routed experts as `w13 [E, 2I, D]` and `w2 [E, D, I]` and re-point every expert's weights at
     views of them, so nothing is stored twice. Returns the existing stacks when they are still live; restacks
     (one copy, the old per-expert storage is then freed) when they are not."""
+    if not plain_experts(moe):
+        raise ValueError("stack_experts: these experts are kept as stored (FP4), not dense nn.Linear weights; their MoE "
+                         "runs the loop path")
     if _stack_is_live(moe): return moe._stacked
     ws = [_weights(ex) for ex in moe.experts]
     w1 = ws[0][0]
@@ -422,9 +431,11 @@ def routed_sync_free(moe: MoE, x: torch.Tensor, weights: torch.Tensor, idx: torc
 def set_moe_impl(model: nn.Module, impl: str) -> int:
     """Choose the routed-expert path of every `MoE` inside `model` (a target, a drafter, or one MoE): "loop" (the
     reference), "grouped" or "dense"; the latter two stack the experts now, so call it after loading, moving
-    and sharding, and before capturing a CUDA graph. Returns how many MoE layers were set."""
+    and sharding, and before capturing a CUDA graph. Experts kept as stored (FP4, `model.weights`) keep the loop.
+    Returns how many MoE layers were set."""
     if impl not in MOE_IMPLS: raise ValueError(f"MoE impl must be one of {', '.join(MOE_IMPLS)}, got {impl!r}")
     moes = [m for m in model.modules() if isinstance(m, MoE)]
+    moes = [m for m in moes if impl == "loop" or plain_experts(m)]   # experts kept as stored stay on the loop
     for m in moes:
         m.impl = impl
         if impl != "loop": stack_experts(m)

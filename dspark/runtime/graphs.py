@@ -24,8 +24,8 @@ from ..kernels.step import rms_norm_fused, router_fused, swiglu_fused
 from ..model.attention import Attention
 from ..cache.kv_cache import PagedKVCache, SeqView
 from ..spec.proposers import decided
-from ..model.layers import (Expert, Gate, MoE, RMSNorm, hc_head, hc_post, hc_pre, is_batch_invariant, set_moe_impl,
-                                 stack_linears)
+from ..model.layers import (Expert, Gate, MoE, RMSNorm, hc_head, hc_post, hc_pre, is_batch_invariant, plain_experts,
+                                 set_moe_impl, stack_linears)
 from ..sample.sampling import RowParams, signed64
 from ..timing import capture_graphs, device_ms
 from .buffers import HostStage, StepBuffers, fill_buffers
@@ -70,7 +70,7 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
     set_moe_impl(model, "grouped" if grouped else "dense")
     if not w.is_cuda: return hc_pre, hc_post, hc_head
-    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    moes = [m for m in model.modules() if isinstance(m, MoE) and plain_experts(m)]   # not experts kept as stored
     if moes:                                               # a few dozen pairs: two launches, not ~16 (chapter 18)
         inter, dim = moes[0].experts[0].w1.weight.shape
         why = small_moe_check(w.device, w.dtype, dim=dim, inter=inter)   # on only once it agrees on this device
