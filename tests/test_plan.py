@@ -14,6 +14,7 @@ import torch
 from dspark.config import ConfigError, load_config, named_configs, parse_overrides, resolve_model
 from dspark.distributed.plan import GB, plan_memory
 from dspark.entrypoints.llm import LLM
+from dspark.sample.sampling import SamplingParams
 from dspark.entrypoints.serve import main, parse_args
 from dspark.model.checkpoint import draft_shapes
 from dspark.model.transformer import Transformer
@@ -128,5 +129,12 @@ def test_engine_start_logs_the_profile_line(tiny_ckpt):
     resident = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     shown = float(re.search(r"weights ([\d.]+) GiB", line).group(1)) * 2**30
     assert resident <= shown + 0.006 * 2**30 and "estimate" in line and "max concurrency" in line
-    with pytest.raises(NotImplementedError, match="hf-overrides"):
+    with pytest.raises(ValueError, match="hf-overrides"):       # a checkpoint's tensors keep their own shapes
         LLM(tiny_ckpt, hf_overrides={"num_hidden_layers": 2}, kv_cache_memory_bytes=32 * 2**20)
+
+
+def test_hf_overrides_shape_a_dummy_weight_model(tiny_ckpt):
+    llm = LLM(tiny_ckpt, load_format="dummy", hf_overrides={"num_hidden_layers": 1}, kv_cache_memory_bytes=32 * 2**20)
+    assert len(llm.engine.model.layers) == 1
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 4

@@ -90,7 +90,10 @@ def plan_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, max_seqs: i
         need = fixed + comp_b
         raise ValueError(f"KV cache budget of {budget_bytes / 2**20:.1f} MiB is too small: max_num_seqs={max_seqs} "
                          f"needs at least {need / 2**20:.1f} MiB (lower max_num_seqs or raise the budget)")
-    return CacheConfig(block_size=block_size, num_blocks=left // comp_b, num_window_blocks=n_win,
+    # a model with no compressed layer (e.g. a config cut to its first layers) stores nothing per compressed block:
+    # the block count then only bounds admission, at every running request's whole context (capped: host lists)
+    nb = left // comp_b if comp_b else min(max_seqs * math.ceil(cfg.max_position_embeddings / block_size), 2**16)
+    return CacheConfig(block_size=block_size, num_blocks=nb, num_window_blocks=n_win,
                        max_seqs=max_seqs, lookahead=lookahead, dtype=dtype, fp8=fp8)
 
 def profile_line(cfg: ModelConfig, cc: CacheConfig, max_model_len: int) -> str:
