@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..model.checkpoint import load_target
 from ..config import load_config
 from ..engine.core import EngineCore
-from .sharding import RankCanon, TPDivergence, check_tp_size, shard_drafter, shard_model
+from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, shard_drafter, shard_model
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")
@@ -303,11 +303,9 @@ class TPEngineCore(EngineCore):
         finally: self.close()
         raise SystemExit(code)
 
-    # -- loading: every rank reads the checkpoint on the CPU and keeps its shard
+    # -- loading: every rank streams only its slice of the checkpoint, straight to its device
     def _load_target(self, path, device: str, dtype: str):
-        model = load_target(path, device="cpu", dtype=dtype)
-        shard_model(model, self.rank, self.world)
-        return model.to(device)
+        return load_target_shard(path, self.rank, self.world, device=device, dtype=dtype)
 
     def _load_drafter(self, path, speculative: str | None):
         d = super()._load_drafter(path, speculative)
