@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 import dspark
-from dspark.distributed.sharding import load_target_shard, shard_model
+from dspark.distributed.sharding import load_target_shard, shard_drafter, shard_model, tp_drafter
 from dspark.model import checkpoint as ck_mod
 from dspark.model.checkpoint import CheckpointError, CheckpointReader, meta_target, read_tensors, stream_state
 
@@ -121,16 +121,28 @@ def test_mtp_loader_reads_only_mtp(fp8_ckpt, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["float32", "fp8"])
-def test_tp_shards_equal_sharded_full_model(fmt, tiny_ckpt, fp8_ckpt):
-    "Each rank's streamed slices equal `shard_model` applied to the whole model (FP8 splits inside 128-blocks too)."
+def test_tp_shards_equal_sharded_full_model(fmt, tiny_ckpt, fp8_ckpt, monkeypatch):
+    """Each rank's streamed slices equal `shard_model` / `shard_drafter` applied to the whole model (FP8 splits
+    inside 128-blocks too), for the target and its drafter (DSpark stages in the fp32 checkpoint, MTP in the fp8 one)."""
+    from dspark.model.drafter import load_drafter
+    from dspark.model.mtp import load_mtp
     ck = tiny_ckpt if fmt == "float32" else fp8_ckpt
+    load_d = load_drafter if fmt == "float32" else load_mtp
     full = dspark.load_target(ck)
+    full_d = load_d(ck, full)
+    monkeypatch.setattr(ck_mod, "CheckpointReader", _Spy)
     for rank in range(2):
         want = copy.deepcopy(full); shard_model(want, rank, 2)
         got = load_target_shard(ck, rank, 2)
-        a, b = want.state_dict(), got.state_dict()
-        assert list(a) == list(b)
-        for k in a: assert torch.equal(a[k], b[k]), (rank, k)
+        want_d = copy.deepcopy(full_d); shard_drafter(want_d, rank, 2)
+        _Spy.made.clear()
+        got_d = load_d(ck, got, shard=tp_drafter(rank, 2, full.cfg.n_routed_experts))
+        for a, b in ((want.state_dict(), got.state_dict()), (want_d.state_dict(), got_d.state_dict())):
+            assert list(a) == list(b)
+            for k in a: assert torch.equal(a[k], b[k]), (rank, k)
+        (r,) = _Spy.made
+        mtp = sum(torch.Size(r.shape(k)).numel() * r.dtype(k).itemsize for k in r.keys() if k.startswith("mtp."))
+        assert r.bytes_read < 0.75 * mtp
 
 
 def test_progress_bar_only_when_asked_or_on_a_terminal(tiny_ckpt, capsys):

@@ -27,7 +27,7 @@ from ..model.transformer import Block, Transformer
 # %% auto #0
 __all__ = ['tp_problems', 'check_tp_size', 'RowParallelLinear', 'ParallelHead', 'VocabParallelEmbedding', 'ShardedIndexer',
            'ExpertParallelMoE', 'shard_attention', 'shard_moe', 'shard_block', 'shard_model', 'shard_drafter',
-           'tp_slice', 'tp_source', 'load_target_shard', 'TPDivergence', 'RankCanon']
+           'tp_slice', 'tp_source', 'tp_drafter', 'load_target_shard', 'TPDivergence', 'RankCanon']
 
 # %% ../../nbs/30_parallel.ipynb #d5c07bd7
 def tp_problems(cfg: ModelConfig, n: int) -> list[str]:
@@ -156,13 +156,16 @@ def tp_slice(key: str, shape: tuple[int, ...], rank: int, world: int) -> tuple[i
     n = shape[dim] // world
     return (dim, rank * n, (rank + 1) * n)
 
-def tp_source(model: nn.Module, reader: CheckpointReader, rank: int, world: int, experts: int):
+def tp_source(model: nn.Module, reader: CheckpointReader, rank: int, world: int, experts: int, mtp: bool = False,
+              names: dict | None = None):
     """For a model sharded on `meta`: model key -> (checkpoint key, slice), and the checkpoint keys it must use
-    (all outside `mtp.*` but the other ranks' routed experts)."""
+    (those outside `mtp.*`, or inside it for a drafter, but the other ranks' routed experts). `names`: model key
+    -> checkpoint key where they differ."""
     per, source = experts // world, {}
     for k, e in model.state_dict(keep_vars=True).items():
-        m = _EXPERT.match(k)
-        name = f"{m[1]}{int(m[2]) + rank * per}{m[3]}" if m else k
+        name = (names or {}).get(k, k)
+        m = _EXPERT.match(name)
+        name = f"{m[1]}{int(m[2]) + rank * per}{m[3]}" if m else name
         sl = None
         if name in reader and e.dtype == torch.float8_e8m0fnu:          # an as-stored scale follows its weight
             w = name.removesuffix(".scale") + ".weight"
@@ -177,7 +180,14 @@ def tp_source(model: nn.Module, reader: CheckpointReader, rank: int, world: int,
         elif name in reader: sl = tp_slice(name, reader.shape(name), rank, world)
         source[k] = (name, sl)
     mine = lambda c: (m := _EXPERT.match(c)) is None or int(m[2]) // per == rank
-    return source, [c for c in reader.keys() if not c.startswith("mtp.") and mine(c)]
+    return source, [c for c in reader.keys() if c.startswith("mtp.") == mtp and mine(c)]
+
+def tp_drafter(rank: int, world: int, experts: int):
+    "The `shard` argument of `load_drafter` / `load_mtp` for rank `rank`: split the `meta` drafter, read its slices."
+    def shard(drafter, reader, source, scope):
+        shard_drafter(drafter, rank, world)
+        return tp_source(drafter, reader, rank, world, experts, mtp=True, names={k: v[0] for k, v in source.items()})
+    return shard
 
 def load_target_shard(path, rank: int, world: int, device="cpu", dtype="float32", quantization: str = "none",
                       progress: bool | None = None) -> Transformer:

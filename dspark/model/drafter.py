@@ -323,8 +323,10 @@ class RowwiseFP8Head(nn.Module):
     def nbytes(self) -> int: return self.weight.numel() * self.weight.element_size() + self.scale.numel() * 4
 
 # %% ../../nbs/09_drafter.ipynb #9aa3914e
-def load_drafter(path, target: Transformer, progress: bool | None = None) -> DSparkDrafter:
-    "The DSpark drafter of a checkpoint directory (only its `mtp.*` tensors are read), on the target's device and dtype."
+def load_drafter(path, target: Transformer, progress: bool | None = None, shard=None) -> DSparkDrafter:
+    """The DSpark drafter of a checkpoint directory (only its `mtp.*` tensors are read), on the target's device and
+    dtype. `shard(drafter, reader, source, scope) -> (source, scope)` may split the `meta` drafter first and say
+    which slices to read (tensor parallelism)."""
     from dspark.model.checkpoint import CheckpointReader, cast_floats, stream_state
     cfg = target.cfg
     with torch.device("meta"): d = DSparkDrafter(cfg, target)
@@ -336,5 +338,6 @@ def load_drafter(path, target: Transformer, progress: bool | None = None) -> DSp
             name = k
             for pat, rep in DRAFT_KEY_ALIASES: name = re.sub(pat, rep, name)
             source[name] = (k, None)
+        if shard is not None: source, mtp = shard(d, r, source, mtp)
         stream_state(d, r, f"DSpark drafter of {path}", source=source, scope=mtp, progress=progress)
     return d.eval()

@@ -147,8 +147,9 @@ class MTPDrafter(nn.Module):
         out = hc_head(x, st.hc_head_fn, st.hc_head_base, st.hc_head_scale, cfg)
         return self.target.head(st.norm(out)).float()[0], x[0]
 
-def load_mtp(path, target: Transformer, progress: bool | None = None) -> MTPDrafter:
-    "The MTP layer of a checkpoint directory (`mtp.0.*` with `e_proj`/`h_proj`; only `mtp.*` is read), checked like the target."
+def load_mtp(path, target: Transformer, progress: bool | None = None, shard=None) -> MTPDrafter:
+    """The MTP layer of a checkpoint directory (`mtp.0.*` with `e_proj`/`h_proj`; only `mtp.*` is read), checked
+    like the target. `shard`: as for `load_drafter` (tensor parallelism)."""
     from dspark.model.checkpoint import CheckpointReader, cast_floats, stream_state
     with CheckpointReader(path, target.embed.weight.device) as r:
         if "mtp.0.e_proj.weight" not in r:
@@ -156,5 +157,7 @@ def load_mtp(path, target: Transformer, progress: bool | None = None) -> MTPDraf
                              "stores DSpark stages under mtp.*: use speculative='dspark'")
         with torch.device("meta"): m = MTPDrafter(target.cfg, target)
         cast_floats(m, target.embed.weight.dtype)
-        stream_state(m, r, f"MTP layer of {path}", scope=[k for k in r.keys() if k.startswith("mtp.")], progress=progress)
+        source, scope = {}, [k for k in r.keys() if k.startswith("mtp.")]
+        if shard is not None: source, scope = shard(m, r, source, scope)
+        stream_state(m, r, f"MTP layer of {path}", source=source, scope=scope, progress=progress)
     return m.eval()
