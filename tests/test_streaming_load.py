@@ -102,6 +102,29 @@ def test_reader_holds_one_tensor_at_a_time(fp8_ckpt):
     assert r.peak_live >= len(everything)
 
 
+def test_model_tensors_of_a_stored_dtype_get_the_stored_bytes(fp8_ckpt):
+    "A model that keeps FP8 (weight + scale) and packed FP4 as stored is filled without conversion, by the same loop."
+    from torch import nn
+    r = CheckpointReader(fp8_ckpt)
+    keys = ["layers.0.attn.wq_a.weight", "layers.0.attn.wq_a.scale", "layers.4.ffn.experts.2.w1.weight",
+            "layers.4.ffn.experts.2.w1.scale", "layers.0.attn_norm.weight"]
+    m = nn.Module()
+    for k in keys:
+        owner, _, leaf = k.rpartition(".")
+        parent = m
+        for part in owner.split("."):
+            if not hasattr(parent, part): parent.add_module(part, nn.Module())
+            parent = getattr(parent, part)
+        dtype = r.dtype(k) if r.dtype(k) != torch.bfloat16 else torch.float32
+        parent.register_parameter(leaf, nn.Parameter(torch.empty(r.shape(k), dtype=dtype, device="meta"), requires_grad=False))
+    stream_state(m, r, "as stored", scope=keys)
+    raw, got = read_tensors(fp8_ckpt), m.state_dict()
+    for k in keys:
+        want = raw[k].float() if raw[k].dtype == torch.bfloat16 else raw[k]
+        assert got[k].dtype == want.dtype and torch.equal(got[k].view(torch.uint8) if got[k].element_size() == 1 else got[k],
+                                                          want.view(torch.uint8) if want.element_size() == 1 else want), k
+
+
 class _Spy(CheckpointReader):
     "The shipped reader, remembering every instance so that a test can read its byte counter."
     made: list = []
