@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
+from tqdm import tqdm
 
 from .quant import dequantize_fp4, dequantize_fp8, e8m0_to_float
 
@@ -209,7 +210,6 @@ def stream_state(module: nn.Module, reader: CheckpointReader, what: str, source:
     if problems + more: raise CheckpointError(f"{what} does not match its config: " + "; ".join(problems + more))
     plan.sort(key=lambda p: (str(reader.shard(p[2])), p[2]))                # shard by shard
     show = sys.stderr.isatty() if progress is None else progress
-    from tqdm.auto import tqdm
     bad = []
     for k, e, name, sl, deq in tqdm(plan, desc=f"loading {reader.path.name}", unit="tensor", file=sys.stderr,
                                     disable=not show, leave=False):
