@@ -211,3 +211,12 @@ def test_tp2_ranks_read_half_and_match(tiny_ckpt, tmp_path):
         assert got["bytes"] == replicated + halved // 2, (rank, got["bytes"], replicated, halved)
         want = full.logits(got["ids"])
         assert (got["logits"] - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_quantization_argument(tiny_ckpt):
+    import importlib.util
+    with pytest.raises(ValueError, match="quantization"):
+        dspark.load_target(tiny_ckpt, quantization="fp8")
+    if importlib.util.find_spec("dspark.model.weights") is None:     # the as-stored weight objects are not built in
+        with pytest.raises(ValueError, match="quantization='auto' needs dspark.model.weights"):
+            dspark.load_target(tiny_ckpt, quantization="auto")
