@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..model.checkpoint import load_target
 from ..model.drafter import load_drafter
 from ..model.mtp import load_mtp
 from ..config import load_config
 from ..engine.core import EngineCore
-from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, shard_drafter, shard_model, tp_drafter
+from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, tp_drafter
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")

@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 from ..config import ModelConfig, load_config, save_config
 from .transformer import Block, Transformer
 from .quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
-from .reader import (CheckpointError, CheckpointReader, QUANTIZED, STORED, assign, quant_problems,
-                                 scale_name, shard_files, stream_state)
+from .reader import (CheckpointError, CheckpointReader, QUANTIZED, STORED, assign, scale_name,
+                                 shard_files, stream_state)
 
 DEFAULT_MODEL = Path(str(resources.files("dspark"))) / "models" / "default"   # the embedded trained model (see 34_train)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import builtins
 import json
 import math
-import re
 import sys
 import weakref
 from pathlib import Path
