@@ -25,7 +25,7 @@ def test_fp8_fp4_variant_matches_within_format_error(tiny_ckpt, tiny_model, tmp_
     q = quantize_checkpoint(tiny_ckpt, tmp_path / "fp8")
     stored = read_tensors(q)
     assert stored["layers.0.attn.wq_b.weight"].dtype == torch.float8_e4m3fn
-    assert stored["layers.0.attn.wq_b.weight.scale"].dtype == torch.float8_e8m0fnu
+    assert stored["layers.0.attn.wq_b.scale"].dtype == torch.float8_e8m0fnu
     assert stored["layers.4.ffn.experts.3.w1.weight"].dtype == torch.int8          # packed FP4
     assert stored["layers.4.ffn.experts.3.w1.weight"].shape[1] * 2 == tiny_model.cfg.hidden_size
     assert json.loads((q / "config.json").read_text())["expert_dtype"] == "fp4"
@@ -34,7 +34,7 @@ def test_fp8_fp4_variant_matches_within_format_error(tiny_ckpt, tiny_model, tmp_
         got = deq[k]
         if not w.is_floating_point():
             assert torch.equal(got, w); continue
-        s = stored.get(k + ".scale")
+        s = stored.get(k.removesuffix(".weight") + ".scale")
         if stored[k].dtype == torch.float8_e4m3fn:          # e4m3: relative 2^-4 (+ subnormal floor)
             floor = e8m0_to_float(s).repeat_interleave(128, 0).repeat_interleave(128, 1)[: w.shape[0], : w.shape[1]] * 2**-9
             assert ((got - w).abs() <= w.abs() * 2**-4 + floor).all(), k

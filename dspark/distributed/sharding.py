@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 from dataclasses import replace
 
 import torch
@@ -19,13 +20,15 @@ from torch import nn
 from ..model.attention import Attention, Indexer
 from ..config import ModelConfig
 from ..model.layers import Expert, MoE
+from ..model.checkpoint import CheckpointError, CheckpointReader, load_config, meta_target, tid2eid_check
+from ..model.reader import scale_slice, stream_state
 from ..model.transformer import Block, Transformer
 from ..model.weights import StoredLinear
 
 # %% auto #0
 __all__ = ['tp_problems', 'check_tp_size', 'RowParallelLinear', 'ParallelHead', 'VocabParallelEmbedding', 'ShardedIndexer',
            'ExpertParallelMoE', 'shard_attention', 'shard_moe', 'shard_block', 'shard_model', 'shard_drafter',
-           'TPDivergence', 'RankCanon']
+           'tp_slice', 'tp_source', 'tp_drafter', 'load_target_shard', 'TPDivergence', 'RankCanon']
 
 # %% ../../nbs/30_parallel.ipynb #d5c07bd7
 def tp_problems(cfg: ModelConfig, n: int) -> list[str]:
@@ -143,6 +146,65 @@ def shard_drafter(drafter: nn.Module, rank: int, world: int) -> None:
     """Shard a DSpark or MTP drafter in place: its stages (`drafter.mtp`) are V4 blocks. It shares the
     target's embedding and head, which `shard_model` already split."""
     for st in drafter.mtp: shard_block(st, rank, world)
+
+# %% ../../nbs/30_parallel.ipynb #b662d842
+_TP_ROWS = re.compile(r"^(embed|head)\.weight$|\.attn\.(wq_b|wo_a)\.(weight|scale)$|\.attn\.attn_sink$"
+                      r"|\.indexer\.(wq_b|weights_proj)\.(weight|scale)$|\.shared_experts\.w[13]\.(weight|scale)$")
+_TP_COLS = re.compile(r"\.attn\.wo_b\.(weight|scale)$|\.shared_experts\.w2\.(weight|scale)$")
+_EXPERT = re.compile(r"^(.*\.ffn\.experts\.)(\d+)(\..+)$")
+
+def tp_slice(key: str, shape: tuple[int, ...], rank: int, world: int) -> tuple[int, int, int] | None:
+    "Rank `rank`'s `(dim, start, stop)` of checkpoint weight `key` (the split `shard_model` makes); `None`: replicated."
+    dim = 0 if _TP_ROWS.search(key) else 1 if _TP_COLS.search(key) else None
+    if dim is None or world == 1: return None
+    n = shape[dim] // world
+    return (dim, rank * n, (rank + 1) * n)
+
+def tp_source(model: nn.Module, reader: CheckpointReader, rank: int, world: int, experts: int, mtp: bool = False,
+              names: dict | None = None):
+    """For a model sharded on `meta`: model key -> (checkpoint key, slice), and the checkpoint keys it must use
+    (those outside `mtp.*`, or inside it for a drafter, but the other ranks' routed experts). `names`: model key
+    -> checkpoint key where they differ."""
+    per, source = experts // world, {}
+    for k, e in model.state_dict(keep_vars=True).items():
+        name = (names or {}).get(k, k)
+        m = _EXPERT.match(name)
+        name = f"{m[1]}{int(m[2]) + rank * per}{m[3]}" if m else name
+        sl = None
+        if name in reader and e.dtype == torch.float8_e8m0fnu:          # an as-stored scale follows its weight
+            w = name.removesuffix(".scale") + ".weight"
+            wsl = tp_slice(w, reader.shape(w), rank, world) if w in reader else None
+            if wsl is not None:
+                sl, off = scale_slice(reader.dtype(w), wsl)
+                full, fp8 = reader.shape(w)[wsl[0]], reader.dtype(w) == torch.float8_e4m3fn
+                ragged = wsl[2] != full and wsl[2] % (128 if fp8 else 16) and (fp8 or wsl[0] == 1)
+                if off or ragged:
+                    raise CheckpointError(f"{w}: rank {rank} of {world} gets [{wsl[1]}, {wsl[2]}) along dim {wsl[0]}, "
+                                          "not whole 128-blocks; FP8 as stored needs block-aligned splits")
+        elif name in reader: sl = tp_slice(name, reader.shape(name), rank, world)
+        source[k] = (name, sl)
+    mine = lambda c: (m := _EXPERT.match(c)) is None or int(m[2]) // per == rank
+    return source, [c for c in reader.keys() if c.startswith("mtp.") == mtp and mine(c)]
+
+def tp_drafter(rank: int, world: int, experts: int):
+    "The `shard` argument of `load_drafter` / `load_mtp` for rank `rank`: split the `meta` drafter, read its slices."
+    def shard(drafter, reader, source, scope):
+        shard_drafter(drafter, rank, world)
+        return tp_source(drafter, reader, rank, world, experts, mtp=True, names={k: v[0] for k, v in source.items()})
+    return shard
+
+def load_target_shard(path, rank: int, world: int, device="cpu", dtype="float32", quantization: str = "none",
+                      progress: bool | None = None) -> Transformer:
+    "Rank `rank` of `world`'s shard of a checkpoint's target, reading only its slices; equal to `load_target` + `shard_model`."
+    cfg = load_config(path)
+    check_tp_size(cfg, world)
+    model = meta_target(cfg, dtype, quantization)
+    shard_model(model, rank, world)
+    with CheckpointReader(path, device) as r:
+        source, scope = tp_source(model, r, rank, world, cfg.n_routed_experts)
+        stream_state(model, r, f"checkpoint {path} (rank {rank} of {world})", source=source, scope=scope,
+                     check=tid2eid_check(cfg), progress=progress)
+    return model.eval()
 
 # %% ../../nbs/30_parallel.ipynb #2539c91c
 class TPDivergence(RuntimeError):

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..model.checkpoint import load_target
+from ..model.drafter import load_drafter
+from ..model.mtp import load_mtp
 from ..config import load_config
 from ..engine.core import EngineCore
-from .sharding import RankCanon, TPDivergence, check_tp_size, shard_drafter, shard_model
+from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, tp_drafter
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")
@@ -303,19 +304,18 @@ class TPEngineCore(EngineCore):
         finally: self.close()
         raise SystemExit(code)
 
-    # -- loading: every rank reads the checkpoint on the CPU and keeps its shard
+    # -- loading: every rank streams only its slice of the checkpoint, straight to its device
     def _load_target(self, path, device: str, dtype: str):
         if self.quantization != "none" or self.load_format != "auto":
             raise NotImplementedError("tensor parallelism loads dense weights: quantization='auto' and "
                                       "load_format='dummy' need the per-rank loader")
-        model = load_target(path, device="cpu", dtype=dtype)
-        shard_model(model, self.rank, self.world)
-        return model.to(device)
+        return load_target_shard(path, self.rank, self.world, device=device, dtype=dtype)
 
     def _load_drafter(self, path, speculative: str | None):
-        d = super()._load_drafter(path, speculative)
-        if d is not None: shard_drafter(d, self.rank, self.world)
-        return d
+        "Each rank streams only its slices of `mtp.*`."
+        shard = tp_drafter(self.rank, self.world, self.model.cfg.n_routed_experts)
+        return (load_drafter(path, self.model, shard=shard) if speculative == "dspark" else
+                load_mtp(path, self.model, shard=shard) if speculative == "mtp" else None)
 
 def _full_logits(core: TPEngineCore, ids: torch.Tensor) -> torch.Tensor:
     return core.model.logits(ids.to(core.model.head.weight.device)).cpu()

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from ..config import load_config
-from ..model.checkpoint import DTYPES, CheckpointError, check_state, load_target, read_tensors
-from ..model.drafter import DRAFT_KEY_ALIASES, DSparkDrafter, load_drafter
+from ..model.checkpoint import DTYPES, load_target
+from ..model.drafter import DSparkDrafter, load_drafter
 from ..model.mtp import MTPDrafter, load_mtp
 from ..model.weights import as_stored, dummy_weights
 from ..sample.rejection import truncate_at_stop
@@ -205,45 +205,27 @@ class EngineCore:
                            self.max_model_len, m is not None, m.other if m is not None else 0)
 
     def _load_target(self, path, device: str, dtype: str) -> Transformer:
-        "The target model (a seam: tensor parallelism loads, shards, then places it)."
-        if self.quantization == "none" and self.load_format == "auto": return load_target(path, device=device, dtype=dtype)
-        with torch.device("meta"): model = Transformer(load_config(path, self.hf_overrides))
+        "The target model (a seam: tensor parallelism streams each rank's slice)."
         if self.quantization == "auto":
             log.info("quantization='auto': weights as stored, activations in the stored embedding's bf16 (--dtype is "
                      "the dequantised reference's)")
-        return self._weights(model, path, device, dtype, target=True)
+        if self.load_format == "auto": return load_target(path, device, dtype, quantization=self.quantization)
+        with torch.device("meta"): model = Transformer(load_config(path, self.hf_overrides))
+        return self._dummy(model, device, dtype)
 
     def _load_drafter(self, path, speculative: str | None):
-        "The drafter of a speculative mode, on the target's device (None without speculative decoding)."
+        "The drafter of a speculative mode, on the target's device and dtype (None without speculative decoding)."
         if speculative is None: return None
-        if self.quantization == "none" and self.load_format == "auto":
-            return load_drafter(path, self.model) if speculative == "dspark" else load_mtp(path, self.model)
+        if self.load_format == "auto":
+            load = load_drafter if speculative == "dspark" else load_mtp
+            return load(path, self.model, quantization=self.quantization)
         with torch.device("meta"): d = (DSparkDrafter if speculative == "dspark" else MTPDrafter)(self.model.cfg, self.model)
-        dev = self.model.embed.weight.device
-        return self._weights(d, path, dev, self.model.embed.weight.dtype, target=False)
+        return self._dummy(d, self.model.embed.weight.device, self.model.embed.weight.dtype)
 
-    def _weights(self, model, path, device, dtype, target: bool):
-        """`model` (built on meta) with its weights: kept as stored for `quantization='auto'`, random ones for
-        `load_format='dummy'` (made on `device` from `seed`), else the checkpoint's tensors as stored (the target's,
-        or the drafter's `mtp.*`). The one place this engine reads weights for those two settings, until the
-        streaming loader fills an as-stored model itself."""
+    def _dummy(self, model, device, dtype):
+        "`model` (built on meta) with random weights made on `device` from `seed` (`--load-format dummy`), as stored for `quantization='auto'`."
         if self.quantization == "auto": as_stored(model)
-        if self.load_format == "dummy":
-            return dummy_weights(model, self.seed, device, None if self.quantization == "auto" else DTYPES.get(dtype, dtype))
-        raw = read_tensors(path, skip=r"mtp\." if target else r"(?!mtp\.)")
-        state = {(k.removesuffix(".weight.scale") + ".scale" if k.endswith(".weight.scale") else k): v for k, v in raw.items()}
-        if not target:
-            for pat, rep in DRAFT_KEY_ALIASES: state = {re.sub(pat, rep, k): v for k, v in state.items()}
-        what = f"{'checkpoint' if target else 'drafter of'} {path}"
-        # one-byte codes are checked as bytes: NaN is 0x7F/0xFF in e4m3, 0xFF in e8m0 (isfinite has no FP8 kernels)
-        check_state(model.state_dict(), {k: v.view(torch.uint8) if v.element_size() == 1 else v for k, v in state.items()}, what)
-        nan = [k for k, v in state.items() if (v.dtype == torch.float8_e4m3fn and ((v.view(torch.uint8) & 0x7F) == 0x7F).any())
-               or (v.dtype == torch.float8_e8m0fnu and (v.view(torch.uint8) == 0xFF).any())]
-        if nan: raise CheckpointError(f"{what} has NaN codes in {nan[:8]}")
-        wrong = [f"{k}: {state[k].dtype} vs {v.dtype}" for k, v in model.state_dict().items() if state[k].dtype != v.dtype]
-        if wrong: raise CheckpointError(f"{what} is not stored in the formats quantization='auto' keeps: {wrong[:8]}")
-        model.load_state_dict(state, assign=True)
-        return model.to(device).eval()
+        return dummy_weights(model, self.seed, device, None if self.quantization == "auto" else DTYPES.get(dtype, dtype))
 
     def close(self) -> None:
         "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."

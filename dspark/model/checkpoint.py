@@ -16,42 +16,29 @@ from pathlib import Path
 import torch
 from importlib import resources
 from safetensors import safe_open
+from torch import nn
 from safetensors.torch import save_file
 
 from ..config import ModelConfig, load_config, save_config
 from .transformer import Block, Transformer
+from .weights import as_stored
 from .quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
+from .reader import (CheckpointError, CheckpointReader, QUANTIZED, STORED, assign, scale_name,
+                                 shard_files, stream_state)
 
 DEFAULT_MODEL = Path(str(resources.files("dspark"))) / "models" / "default"   # the embedded trained model (see 34_train)
 
 # %% auto #0
 __all__ = ['DEFAULT_MODEL', 'DTYPES', 'KEEP_FP32', 'BOS', 'EOS', 'USER', 'ASSISTANT', 'NOISE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
-           'CheckpointError', 'read_tensors', 'dequantize_state', 'check_state', 'load_target', 'encode_tensor',
-           'save_checkpoint', 'quantize_checkpoint', 'draft_shapes', 'random_state', 'tiny_corpus', 'train_tokenizer',
-           'save_tokenizer', 'make_tiny_checkpoint']
+           'read_tensors', 'dequantize_state', 'check_state', 'cast_floats', 'tid2eid_check', 'meta_target',
+           'load_target', 'encode_tensor', 'save_checkpoint', 'quantize_checkpoint', 'draft_shapes', 'random_state',
+           'tiny_corpus', 'train_tokenizer', 'save_tokenizer', 'make_tiny_checkpoint']
 
 # %% ../../nbs/08_checkpoint.ipynb #bbb9e5a2
-class CheckpointError(ValueError):
-    "A checkpoint that does not match its config: the message lists the offending tensors."
-
-def _shard_files(path: Path) -> list[Path]:
-    "Shards named by the index (which must all exist), or every `*.safetensors` when there is no index."
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        wm = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(wm, dict): raise CheckpointError(f"{index} has no weight_map")
-        files = sorted({path / f for f in wm.values()})
-        missing = [f.name for f in files if not f.exists()]
-        if missing: raise CheckpointError(f"shards named in {index.name} are missing: {missing}")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files: raise CheckpointError(f"no *.safetensors files in {path}")
-    return files
-
 def read_tensors(path: str | Path, skip: str | None = None) -> dict[str, torch.Tensor]:
     "Every tensor of a checkpoint directory as stored (no dequantisation); keys matching regex `skip` are not read."
     out: dict[str, torch.Tensor] = {}
-    for f in _shard_files(Path(path)):
+    for f in shard_files(Path(path)):
         with safe_open(f, framework="pt") as sf:
             for k in sf.keys():
                 if skip and re.match(skip, k): continue
@@ -60,17 +47,20 @@ def read_tensors(path: str | Path, skip: str | None = None) -> dict[str, torch.T
     return out
 
 def dequantize_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    "Replace each `<name>` + `<name>.scale` pair by its fp32 dequantisation (FP8 blocks or packed FP4)."
-    out, orphans = {}, []
+    "Replace each quantised `X.weight` + `X.scale` pair by the fp32 `X.weight` (FP8 blocks or packed FP4)."
+    old = sorted(k for k in raw if k.endswith(".weight.scale"))
+    if old: raise CheckpointError(f"old-style `<module>.weight.scale` names (the shipped layout is `<module>.scale`): {old[:12]}")
+    out, used = {}, set()
     for k, t in raw.items():
-        if k.endswith(".scale") and k.removesuffix(".scale") in raw: continue
-        s = raw.get(k + ".scale")
-        if t.dtype == torch.float8_e4m3fn:
-            if s is None: raise CheckpointError(f"FP8 tensor {k} has no {k}.scale")
-            out[k] = dequantize_fp8(t, s)
-        elif s is not None and t.dtype == torch.int8: out[k] = dequantize_fp4(t, s)
-        elif s is not None: raise CheckpointError(f"{k}.scale belongs to a {t.dtype} tensor (expected F8_E4M3 or packed FP4 I8)")
+        if k.endswith(".scale"): continue
+        s = raw.get(scale_name(k)) if k.endswith(".weight") else None
+        if t.dtype in QUANTIZED and k.endswith(".weight"):
+            if s is None: raise CheckpointError(f"{t.dtype} tensor {k} has no {scale_name(k)}")
+            out[k] = dequantize_fp8(t, s) if t.dtype == torch.float8_e4m3fn else dequantize_fp4(t, s)
+            used.add(scale_name(k))
         else: out[k] = t
+    orphans = sorted(k for k in raw if k.endswith(".scale") and k not in used)
+    if orphans: raise CheckpointError(f"orphan scales (no FP8/FP4 weight): {orphans[:12]}")
     return out
 
 # %% ../../nbs/08_checkpoint.ipynb #d6efd41c
@@ -96,35 +86,52 @@ def check_state(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor
                 for n in [len(lst)] if lst]
     if problems: raise CheckpointError(f"{what} does not match its config: " + "; ".join(problems))
 
-def load_target(path: str | Path, device: str | torch.device = "cpu", dtype="float32") -> Transformer:
-    "Load the target model of a checkpoint directory in the official layout; raises on any mismatch."
-    path, dtype = Path(path), _as_dtype(dtype)
-    cfg = load_config(path)
-    state = dequantize_state(read_tensors(path, skip=r"mtp\."))
-    with torch.device("meta"): model = Transformer(cfg)
-    check_state(model.state_dict(), state, f"checkpoint {path}")
-    for layer in model.layers[: cfg.num_hash_layers]:
-        t = state[f"layers.{layer.layer_id}.ffn.gate.tid2eid"]
-        if t.min() < 0 or t.max() >= cfg.n_routed_experts:
-            raise CheckpointError(f"layers.{layer.layer_id}.ffn.gate.tid2eid has expert ids outside [0, {cfg.n_routed_experts})")
-    state = {k: (v.long() if k.endswith("tid2eid") else v.float() if KEEP_FP32.search(k) else v.to(dtype))
-             for k, v in state.items()}
-    model.load_state_dict(state, assign=True)
-    return model.to(device).eval()
+def cast_floats(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    "Give a (`meta`) module's floating tensors the load dtype: `dtype`, or fp32 for `KEEP_FP32` names."
+    for k, t in module.state_dict(keep_vars=True).items():
+        if t.is_floating_point() and t.dtype not in STORED:
+            assign(module, k, t.to(torch.float32 if KEEP_FP32.search(k) else dtype))
+    return module
+
+def tid2eid_check(cfg: ModelConfig):
+    "A `stream_state` check: hash-routing tables must name experts in `[0, n_routed_experts)`."
+    def check(k: str, t: torch.Tensor) -> None:
+        if k.endswith("tid2eid") and (t.min() < 0 or t.max() >= cfg.n_routed_experts):
+            raise CheckpointError(f"{k} has expert ids outside [0, {cfg.n_routed_experts})")
+    return check
+
+def meta_target(cfg: ModelConfig, dtype="float32", quantization: str = "none") -> Transformer:
+    "The target of `cfg` on `meta`, its tensors in the dtypes a load with these arguments gives them."
+    if quantization not in ("none", "auto"): raise ValueError(f"quantization must be 'none' or 'auto', got {quantization!r}")
+    with torch.device("meta"): model = cast_floats(Transformer(cfg), _as_dtype(dtype))
+    if quantization == "auto":
+        as_stored(model)
+    return model
+
+def load_target(path: str | Path, device: str | torch.device = "cpu", dtype="float32", quantization: str = "none",
+                progress: bool | None = None) -> Transformer:
+    """Load the target model of a checkpoint directory in the official layout, streaming it tensor by tensor
+    to `device`; raises `CheckpointError` on any mismatch. `quantization="none"`: weights dequantised to `dtype`."""
+    path = Path(path)
+    model = meta_target(load_config(path), dtype, quantization)
+    with CheckpointReader(path, device) as r:
+        stream_state(model, r, f"checkpoint {path}", scope=[k for k in r.keys() if not k.startswith("mtp.")],
+                     check=tid2eid_check(model.cfg), progress=progress)
+    return model.eval()
 
 # %% ../../nbs/08_checkpoint.ipynb #db3a67c7
 _FP8_LINEAR = re.compile(r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|shared_experts\.w[123]|e_proj|h_proj|main_proj)\.weight$")
 _FP4_EXPERT = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
 
 def encode_tensor(k: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
-    "One tensor as `fmt` stores it: `{k: t}` cast, or for fp8 the quantised weight and its `k.scale`; training sizes and ships with it too."
+    "One tensor as `fmt` stores it: `{k: t}` cast, or for fp8 the quantised `X.weight` and its `X.scale` (the shipped names)."
     if not t.is_floating_point(): return {k: t.contiguous()}
     if fmt in ("float32", "bfloat16"):
         return {k: t.to(torch.float32 if KEEP_FP32.search(k) else DTYPES[fmt]).contiguous()}
     if _FP4_EXPERT.search(k):
-        q, s = quantize_fp4(t); return {k: q, k + ".scale": s}
+        q, s = quantize_fp4(t); return {k: q, scale_name(k): s}
     if _FP8_LINEAR.search(k):
-        q, s = quantize_fp8(t); return {k: q, k + ".scale": s}
+        q, s = quantize_fp8(t); return {k: q, scale_name(k): s}
     return {k: t.to(torch.float32 if KEEP_FP32.search(k) else torch.bfloat16).contiguous()}
 
 def save_checkpoint(state: dict[str, torch.Tensor], cfg: ModelConfig, path: str | Path, fmt: str = "float32",

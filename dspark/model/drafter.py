@@ -323,14 +323,24 @@ class RowwiseFP8Head(nn.Module):
     def nbytes(self) -> int: return self.weight.numel() * self.weight.element_size() + self.scale.numel() * 4
 
 # %% ../../nbs/09_drafter.ipynb #9aa3914e
-def load_drafter(path, target: Transformer) -> DSparkDrafter:
-    "The DSpark drafter of a checkpoint directory, on the target's device and dtype."
-    from dspark.model.checkpoint import check_state, dequantize_state, read_tensors, KEEP_FP32
+def load_drafter(path, target: Transformer, progress: bool | None = None, shard=None,
+                quantization: str = "none") -> DSparkDrafter:
+    """The DSpark drafter of a checkpoint directory (only its `mtp.*` tensors are read), on the target's device and
+    dtype. `shard(drafter, reader, source, scope) -> (source, scope)` may split the `meta` drafter first and say
+    which slices to read (tensor parallelism)."""
+    from dspark.model.checkpoint import CheckpointReader, cast_floats, stream_state
+    from dspark.model.weights import as_stored
     cfg = target.cfg
-    raw = {k: v for k, v in dequantize_state(read_tensors(path)).items() if k.startswith("mtp.")}
-    for pat, rep in DRAFT_KEY_ALIASES: raw = {re.sub(pat, rep, k): v for k, v in raw.items()}
     with torch.device("meta"): d = DSparkDrafter(cfg, target)
-    check_state(d.state_dict(), raw, f"DSpark drafter of {path}")
-    dtype, dev = target.embed.weight.dtype, target.embed.weight.device
-    d.load_state_dict({k: v.float() if KEEP_FP32.search(k) else v.to(dtype) for k, v in raw.items()}, assign=True)
-    return d.to(dev).eval()
+    cast_floats(d, target.embed.weight.dtype)
+    if quantization == "auto": as_stored(d)              # FP8 linears kept as stored, like the target's
+    with CheckpointReader(path, target.embed.weight.device) as r:
+        mtp = [k for k in r.keys() if k.startswith("mtp.")]
+        source = {}
+        for k in mtp:
+            name = k
+            for pat, rep in DRAFT_KEY_ALIASES: name = re.sub(pat, rep, name)
+            source[name] = (k, None)
+        if shard is not None: source, mtp = shard(d, r, source, mtp)
+        stream_state(d, r, f"DSpark drafter of {path}", source=source, scope=mtp, progress=progress)
+    return d.eval()

@@ -147,15 +147,20 @@ class MTPDrafter(nn.Module):
         out = hc_head(x, st.hc_head_fn, st.hc_head_base, st.hc_head_scale, cfg)
         return self.target.head(st.norm(out)).float()[0], x[0]
 
-def load_mtp(path, target: Transformer) -> MTPDrafter:
-    "The MTP layer of a checkpoint directory (`mtp.0.*` with `e_proj`/`h_proj`), checked like the target."
-    from dspark.model.checkpoint import KEEP_FP32, check_state, dequantize_state, read_tensors
-    raw = {k: v for k, v in dequantize_state(read_tensors(path)).items() if k.startswith("mtp.")}
-    if "mtp.0.e_proj.weight" not in raw:
-        raise ValueError(f"checkpoint {path} has no MTP layer (no mtp.0.e_proj.weight); a DSpark checkpoint "
-                         "stores DSpark stages under mtp.*: use speculative='dspark'")
-    with torch.device("meta"): m = MTPDrafter(target.cfg, target)
-    check_state(m.state_dict(), raw, f"MTP layer of {path}")
-    dtype, dev = target.embed.weight.dtype, target.embed.weight.device
-    m.load_state_dict({k: v.float() if KEEP_FP32.search(k) else v.to(dtype) for k, v in raw.items()}, assign=True)
-    return m.to(dev).eval()
+def load_mtp(path, target: Transformer, progress: bool | None = None, shard=None,
+             quantization: str = "none") -> MTPDrafter:
+    """The MTP layer of a checkpoint directory (`mtp.0.*` with `e_proj`/`h_proj`; only `mtp.*` is read), checked
+    like the target. `shard`: as for `load_drafter` (tensor parallelism)."""
+    from dspark.model.checkpoint import CheckpointReader, cast_floats, stream_state
+    from dspark.model.weights import as_stored
+    with CheckpointReader(path, target.embed.weight.device) as r:
+        if "mtp.0.e_proj.weight" not in r:
+            raise ValueError(f"checkpoint {path} has no MTP layer (no mtp.0.e_proj.weight); a DSpark checkpoint "
+                             "stores DSpark stages under mtp.*: use speculative='dspark'")
+        with torch.device("meta"): m = MTPDrafter(target.cfg, target)
+        cast_floats(m, target.embed.weight.dtype)
+        if quantization == "auto": as_stored(m)
+        source, scope = {}, [k for k in r.keys() if k.startswith("mtp.")]
+        if shard is not None: source, scope = shard(m, r, source, scope)
+        stream_state(m, r, f"MTP layer of {path}", source=source, scope=scope, progress=progress)
+    return m.eval()
