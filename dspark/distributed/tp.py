@@ -77,6 +77,15 @@ def _watch_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="dspark-tp-parent").start()
 
 # %% ../../nbs/31_tp_engine.ipynb #6ebe8470
+_OPEN: weakref.ref | None = None     # the group of this process's open TP engine (there is at most one)
+
+def _refuse_second_engine() -> None:
+    """A second engine would wait forever in `dist.new_group` for ranks that are busy following the first one:
+    refuse it while the first is open (not closed, not garbage-collected)."""
+    g = None if _OPEN is None else _OPEN()
+    if g is not None and not g.closed:
+        raise TPError("another tensor-parallel engine is still open in this process; close() it first")
+
 @dataclass
 class _Group:
     rank: int
@@ -98,8 +107,10 @@ class _Group:
         return box[0]
 
     def close(self) -> None:
+        global _OPEN
         if self.closed: return
         self.closed = True
+        if _OPEN is not None and _OPEN() is self: _OPEN = None     # the next engine of this process may join
         if self.rank == 0 and self.ctrl is not None and self.broken is None:
             try: self.send(("stop",))
             except Exception as e: log.warning("tensor parallel: could not tell the workers to stop: %s", e)
@@ -185,8 +196,11 @@ class TPEngineCore(EngineCore):
         return RankCanon(self._group.objs, self.debug)
 
     def _join(self, rdv: Rendezvous | None, args: tuple, kwargs: dict, device: str) -> None:
+        global _OPEN
+        _refuse_second_engine()                                   # before any worker starts
         g, backend = self._group, "nccl" if device.startswith("cuda") else "gloo"
         t = timedelta(seconds=g.timeout)
+        _OPEN = weakref.ref(g)                                    # from here on, close() releases the process
         if dist.is_initialized():                                 # a launcher script made the group itself
             if dist.get_world_size() != self.world:
                 raise ValueError(f"tensor_parallel_size={self.world} but the process group has {dist.get_world_size()} ranks")
