@@ -183,10 +183,10 @@ class TPEngineCore(EngineCore):
         self._startup_agreed(err)
         canon = self.runner.canon                                 # set before the runner's first decision
         local = self.scheduler.schedule
-        def schedule(admit: bool = True):                         # the plan is derived on every rank: check it
-            batch = local(admit)
-            canon.step += 1
-            canon.agree([(r.request_id, n) for r, n in batch], "step plan")
+        def schedule(admit: bool = True):                         # the plan is derived on every rank from rank 0's
+            batch = local(admit)                                  # decisions: checked in debug mode only (a hash
+            canon.step += 1                                       # all-gather would be a barrier on every step)
+            if canon.debug: canon.agree([(r.request_id, n) for r, n in batch], "step plan")
             return batch
         self.scheduler.schedule = schedule
         if self.rank: self._follow()
@@ -259,7 +259,7 @@ class TPEngineCore(EngineCore):
         return self._guard(self._step, ops)
 
     def _step(self, ops: list):
-        self._group.send(("step", ops))
+        self._group.send(("step", ops, self.runner.canon.outbox()))   # with the last step's derived decisions
         return super().step()
 
     def run_on_ranks(self, fn, *args):
@@ -302,6 +302,7 @@ class TPEngineCore(EngineCore):
         try:
             while (msg := g.recv())[0] != "stop":
                 if msg[0] == "step":
+                    self.runner.canon.check(msg[2], self.rank)    # rank 0's stop decisions of the last step
                     for op in msg[1]:
                         if op[0] == "add":
                             _, rid, ids, params, seed = op
