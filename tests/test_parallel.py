@@ -5,6 +5,7 @@ import gc
 import json
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import dspark
-from dspark.distributed.sharding import TPDivergence
+from dspark.distributed.sharding import RankCanon, TPDivergence
 from dspark.sample.sampling import SamplingParams
 from dspark.distributed.tp import TPError
 from dspark.model.layers import Gate, score_fn
@@ -170,3 +171,28 @@ def test_env_rendezvous_two_processes(ckd, ref_none):
     got = json.loads(outs[0][0].strip().splitlines()[-1])
     assert [g["token_ids"] for g in got] == ref_none
     assert outs[1][0].strip() == ""                           # only rank 0 reports
+
+
+class _WrongStops(RankCanon):
+    "Rank 1's stop decisions, falsified: every request stops at its first tokens."
+    def __call__(self, decision, what: str = "decision"):
+        if what == "stop decisions": decision = {rid: "stop" for rid in decision}
+        return super().__call__(decision, what)
+
+
+def _falsify_stops(llm):
+    if llm.rank == 1: llm.runner.canon.__class__ = _WrongStops
+
+
+def test_a_stop_decision_that_differs_stops_the_group(ckd, capfd):
+    """Stop decisions cost no collective (each rank derives them from rank 0's tokens); rank 0's ride in the next
+    step message and rank 1 checks its own against them: a difference stops the group, named, instead of a hang."""
+    llm = dspark.LLM(ckd, tensor_parallel_size=2, tp_timeout=20, **KV)
+    llm.run_on_ranks(_falsify_stops)
+    with pytest.raises(TPError):
+        llm.generate(PROMPTS, SP, use_tqdm=False)
+    procs = llm._group.procs
+    llm.close()
+    assert not any(p.is_alive() for p in procs)
+    assert re.search(r"rank 1 stops: TPDivergence: step 1: stop decisions differ across ranks: rank 0: \{'\d+': None",
+                     capfd.readouterr().err)

@@ -315,6 +315,8 @@ class TPEngineCore(EngineCore):
         except Exception as e:
             g.broken, code = _why(e), 1
             log.error("tensor-parallel rank %d stops: %s: %s", self.rank, type(e).__name__, e)
+            if _SPAWNED is not None:                              # its logging is silenced: say why on stderr
+                print(f"dspark: tensor-parallel rank {self.rank} stops: {_why(e)}", file=sys.stderr, flush=True)
         finally: self.close()
         raise SystemExit(code)
 
