@@ -65,12 +65,12 @@ def test_cold_c1_c64_c1_gives_a_fresh_engines_tokens():
 
 
 def test_eviction_and_recompute_give_the_unconstrained_tokens():
-    """Eight requests on a shared 192-token prefix, 70 tokens each, in a cache of 12 blocks of 64 (they need 19):
+    """Six requests on a shared 192-token prefix, 70 tokens each, in a cache of 12 blocks of 64 (they need 15):
     requests are preempted and recomputed. The prefix cached by a first request is hit before the squeeze, and
     again by a request after it; every token equals that of the same sequence on an unconstrained cache."""
     prefix = [(11 * j) % 3000 + 50 for j in range(192)]
     first = [prefix + [1000 + j for j in range(10)]]
-    squeeze = [prefix + [2000 + 13 * i + j for j in range(5 + i)] for i in range(8)]
+    squeeze = [prefix + [2000 + 13 * i + j for j in range(5 + i)] for i in range(6)]
     after = [prefix + [3000 + j for j in range(7)]]
     sp = SamplingParams(temperature=0.0, max_tokens=70, ignore_eos=True)
 
