@@ -214,17 +214,40 @@ def _digest(value) -> str:
     return hashlib.blake2b(pickle.dumps(value, protocol=4), digest_size=16).hexdigest()
 
 class RankCanon:
-    "The engine's `canon` under TP: rank 0's decision on every rank, or in debug mode each rank's own, checked."
+    """The engine's `canon` under TP: rank 0's decision on every rank, or in debug mode each rank's own, checked.
+    A decision in `derived` is a pure function of decisions already made canonical (the stop decisions: of the
+    accepted tokens): it costs no collective of its own. Each rank keeps its own value; rank 0's values ride in its
+    next step message (`outbox`), where the other ranks compare them with theirs (`check`) before that step."""
+    derived = ("stop decisions",)
+
     def __init__(self, group=None, debug: bool = False):
         self.group, self.debug, self.step = group, debug, 0
+        self.kept: list[tuple[int, str, object]] = []    # derived decisions since the last step message
 
     def __call__(self, decision, what: str = "decision"):
         if self.debug:
             self.agree(decision, what)
             return decision
+        if what in self.derived:
+            self.kept.append((self.step, what, decision))
+            return decision
         box = [decision]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
+
+    def outbox(self) -> list:
+        "Rank 0: its derived decisions since the last step message, for the next one."
+        out, self.kept = self.kept, []
+        return out
+
+    def check(self, theirs: list, rank: int) -> None:
+        "Ranks > 0: raise `TPDivergence` if rank 0's derived decisions (`theirs`, from its step message) differ from ours."
+        mine, self.kept = self.kept, []
+        if [(s, w) for s, w, _ in mine] != [(s, w) for s, w, _ in theirs]:
+            raise TPDivergence(f"step {self.step}: derived decisions differ across ranks: rank 0 made "
+                               f"{[(s, w) for s, w, _ in theirs]}, rank {rank} {[(s, w) for s, w, _ in mine]}")
+        for (s, w, d), (_, _, d0) in zip(mine, theirs):
+            if d != d0: raise TPDivergence(f"step {s}: {w} differ across ranks: rank 0: {d0!r}; rank {rank}: {d!r}")
 
     def agree(self, decision, what: str) -> None:
         "All-gather hashes of `decision` (a dict is checked per key) and raise `TPDivergence` on every rank if any differ."

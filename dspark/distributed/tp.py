@@ -78,6 +78,15 @@ def _watch_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="dspark-tp-parent").start()
 
 # %% ../../nbs/31_tp_engine.ipynb #6ebe8470
+_OPEN: weakref.ref | None = None     # the group of this process's open TP engine (there is at most one)
+
+def _refuse_second_engine() -> None:
+    """A second engine would wait forever in `dist.new_group` for ranks that are busy following the first one:
+    refuse it while the first is open (not closed, not garbage-collected)."""
+    g = None if _OPEN is None else _OPEN()
+    if g is not None and not g.closed:
+        raise TPError("another tensor-parallel engine is still open in this process; close() it first")
+
 @dataclass
 class _Group:
     rank: int
@@ -99,8 +108,10 @@ class _Group:
         return box[0]
 
     def close(self) -> None:
+        global _OPEN
         if self.closed: return
         self.closed = True
+        if _OPEN is not None and _OPEN() is self: _OPEN = None     # the next engine of this process may join
         if self.rank == 0 and self.ctrl is not None and self.broken is None:
             try: self.send(("stop",))
             except Exception as e: log.warning("tensor parallel: could not tell the workers to stop: %s", e)
@@ -173,10 +184,10 @@ class TPEngineCore(EngineCore):
         self._startup_agreed(err)
         canon = self.runner.canon                                 # set before the runner's first decision
         local = self.scheduler.schedule
-        def schedule(admit: bool = True):                         # the plan is derived on every rank: check it
-            batch = local(admit)
-            canon.step += 1
-            canon.agree([(r.request_id, n) for r, n in batch], "step plan")
+        def schedule(admit: bool = True):                         # the plan is derived on every rank from rank 0's
+            batch = local(admit)                                  # decisions: checked in debug mode only (a hash
+            canon.step += 1                                       # all-gather would be a barrier on every step)
+            if canon.debug: canon.agree([(r.request_id, n) for r, n in batch], "step plan")
             return batch
         self.scheduler.schedule = schedule
         if self.rank: self._follow()
@@ -186,8 +197,11 @@ class TPEngineCore(EngineCore):
         return RankCanon(self._group.objs, self.debug)
 
     def _join(self, rdv: Rendezvous | None, args: tuple, kwargs: dict, device: str) -> None:
+        global _OPEN
+        _refuse_second_engine()                                   # before any worker starts
         g, backend = self._group, "nccl" if device.startswith("cuda") else "gloo"
         t = timedelta(seconds=g.timeout)
+        _OPEN = weakref.ref(g)                                    # from here on, close() releases the process
         if dist.is_initialized():                                 # a launcher script made the group itself
             if dist.get_world_size() != self.world:
                 raise ValueError(f"tensor_parallel_size={self.world} but the process group has {dist.get_world_size()} ranks")
@@ -246,7 +260,7 @@ class TPEngineCore(EngineCore):
         return self._guard(self._step, ops)
 
     def _step(self, ops: list):
-        self._group.send(("step", ops))
+        self._group.send(("step", ops, self.runner.canon.outbox()))   # with the last step's derived decisions
         return super().step()
 
     def run_on_ranks(self, fn, *args):
@@ -289,6 +303,7 @@ class TPEngineCore(EngineCore):
         try:
             while (msg := g.recv())[0] != "stop":
                 if msg[0] == "step":
+                    self.runner.canon.check(msg[2], self.rank)    # rank 0's stop decisions of the last step
                     for op in msg[1]:
                         if op[0] == "add":
                             _, rid, ids, params, seed = op
@@ -301,6 +316,8 @@ class TPEngineCore(EngineCore):
         except Exception as e:
             g.broken, code = _why(e), 1
             log.error("tensor-parallel rank %d stops: %s: %s", self.rank, type(e).__name__, e)
+            if _SPAWNED is not None:                              # its logging is silenced: say why on stderr
+                print(f"dspark: tensor-parallel rank {self.rank} stops: {_why(e)}", file=sys.stderr, flush=True)
         finally: self.close()
         raise SystemExit(code)
 

@@ -186,7 +186,7 @@ class Scheduler:
             if prompt:
                 if room == 0: continue
                 n = min(n, room)
-            while not self._allocate(req, n):
+            while not self._allocate(req, n, decoding=not prompt):
                 victim = self.running[-1]
                 self._preempt(victim); gone.add(victim)
                 if victim is req: break
@@ -197,7 +197,7 @@ class Scheduler:
             req = self.waiting[0]
             if not self.kv.admit(req): break
             n = min(req.num_tokens - req.num_computed, budget, room)
-            if not self._allocate(req, n):              # its lookahead too: its first round may be launched ahead
+            if not self._allocate(req, n, decoding=req.num_tokens - req.num_computed == 1):   # a prompt: exactly its chunk
                 self.kv.free(req)
                 if not self.running and not out:
                     raise RuntimeError(f"request {req.request_id} needs more KV blocks than the whole cache holds")
@@ -235,9 +235,11 @@ class Scheduler:
         need = math.ceil(min(req.num_tokens - req.num_computed, self.sc.max_num_batched_tokens) / self.kv.cc.block_size)
         return need <= self.kv.comp.num_free and need <= self.kv.window.num_free
 
-    def _allocate(self, req: Request, n: int) -> bool:
-        """A request's blocks for its step, and for `lookahead` more positions when the pool has them (never
-        a preemption for the lookahead's sake: without them the step is scheduled as before)."""
+    def _allocate(self, req: Request, n: int, decoding: bool) -> bool:
+        """A request's blocks for its step, and, for a decoding request, for `lookahead` more positions when the pool
+        has them (never a preemption for the lookahead's sake: without them the step is scheduled as before). A
+        prompt chunk holds exactly its tokens' blocks: its request decodes only after it, and gets its lookahead then."""
+        if not decoding: return self.kv.allocate(req, n)
         la = min(self.sc.lookahead, self.sc.max_model_len - req.num_computed - n)   # never past max_model_len
         return bool(la > 0 and self.kv.allocate(req, n, la)) or self.kv.allocate(req, n)
 
