@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['CompletionOutput', 'RequestOutput', 'RequestDelta']
+__all__ = ['CompletionOutput', 'RequestOutput', 'RequestDelta', 'StopMatcher']
 
 # %% ../../nbs/27a_outputs.ipynb #9708bee7
 @dataclass
@@ -18,7 +18,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None            # "stop" | "length"
+    finish_reason: str | None            # "stop" | "length" | "error"
     logprobs: list[dict[int, float]] | None = None
 
 @dataclass
@@ -37,11 +37,32 @@ class RequestDelta:
     token_ids: list[int]                 # tokens committed this step
     text: str                            # text they completed (a stop string that may still form is held back)
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None            # set on the request's last delta
+    finish_reason: str | None            # set on the request's last delta; "error": the engine failed it (see `error`)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0           # all output tokens so far
     num_cached_tokens: int = 0
+    error: str | None = None             # why a step failed this request (finish_reason "error"); the engine goes on
 
     @property
     def finished(self) -> bool: return self.finish_reason is not None
 
+
+# %% ../../nbs/27a_outputs.ipynb #c026f219
+class StopMatcher:
+    "A request's stop strings, indexed by length: where its text must be cut, at a cost that does not grow with their number."
+    def __init__(self, stops: list[str]):
+        self.rank: dict[str, int] = {}
+        for i, s in enumerate(stops): self.rank.setdefault(s, i)        # a repeated string keeps its first place
+        self.lengths = sorted({len(s) for s in self.rank})
+        self.longest = self.lengths[-1] if self.lengths else 0
+
+    def find(self, text: str, sent: int) -> int | None:
+        """Where to cut `text` (the start of the winning occurrence), or None: occurrences that end at or after `sent`
+        are considered; the first-listed string wins, at its earliest start."""
+        best = None                                                      # (rank, start)
+        for end in range(max(sent, 1), len(text) + 1):
+            for n in self.lengths:
+                if n > end: break
+                i = self.rank.get(text[end - n:end])
+                if i is not None and (best is None or i < best[0]): best = (i, end - n)
+        return None if best is None else best[1]
