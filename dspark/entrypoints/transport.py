@@ -145,12 +145,11 @@ class GuardedH11(H11Protocol):
 def serve(app, engine, a, handle_exit=None) -> int:
     """Run `app` under uvicorn with the transport's guards (`a`: settings with `TransportArgs`' and `ServerArgs`'
     fields) and return the process's exit status: 0 after a normal shutdown, 70 when the engine broke. A broken engine
-    (its `on_dead`) makes the server stop taking work and exit within `exit_grace` seconds, through uvicorn's
-    shutdown or, if that hangs, at once. `handle_exit(sig, frame)`: called first on SIGTERM/SIGINT (the drain)."""
+    (its `on_dead`) makes the server stop taking work and exit through uvicorn's shutdown, or at once if that takes
+    longer than `exit_grace` seconds. `handle_exit(sig, frame)`: called first on SIGTERM/SIGINT (the drain)."""
     import uvicorn
     config = uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=a.timeout_keep_alive,
-                            http=GuardedH11.guarded(a.request_read_timeout, a.max_connections),
-                            timeout_graceful_shutdown=max(1, int(a.exit_grace)))
+                            http=GuardedH11.guarded(a.request_read_timeout, a.max_connections))
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if handle_exit is not None: handle_exit(sig, frame)
