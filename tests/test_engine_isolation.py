@@ -80,6 +80,7 @@ def test_every_step_failing_breaks_the_engine(llm):
         assert failed == llm.engine.MAX_FAILED_STEPS - 1                # the last failure is the engine's
     finally:
         llm.engine.fault = None
+        for r in [*llm.scheduler.running, *llm.scheduler.waiting]: llm.abort_request(r.request_id)
 
 
 def plain_cut(text, sent, stops):

@@ -271,7 +271,7 @@ class EngineCore:
             if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
                 raise ValueError(f"prompt has {len(prompt)} characters, more than {self.max_model_len} tokens can hold; "
                                  f"max_model_len is {self.max_model_len}")
-            ids = self.tokenizer.tok.encode_batch([prompt])[0].ids   # = tokenizer.encode; lets other threads run
+            ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             if not prompt: raise ValueError("prompt is empty (no token ids)")
             bad = [t for t in prompt if not 0 <= t < self.model.cfg.vocab_size]

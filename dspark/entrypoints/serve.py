@@ -278,8 +278,8 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send exactly one of prompt or messages", "prompt")
         try:
-            ids = (tok.encode(body.prompt, add_special_tokens=body.add_special_tokens) if body.prompt is not None
-                   else tok.encode_chat(chat_messages(body.messages)))
+            ids = await asyncio.to_thread(lambda: tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+                                          if body.prompt is not None else tok.encode_chat(chat_messages(body.messages)))
         except ValueError as e: raise APIError(400, str(e), "messages") from None
         return {"tokens": ids, "count": len(ids), "max_model_len": llm.max_model_len}
 
