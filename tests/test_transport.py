@@ -110,10 +110,10 @@ def test_large_bodies_are_refused_while_health_stays_fast(server):
     done, lat = threading.Event(), []
     client = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=32))   # no client set-up in a probe's time
 
-    def probe():
-        t = time.perf_counter()
+    def probe(sent: float):
+        "A /health probe's status and its latency counted from when it was due (a client arriving then waits that long)."
         r = client.get(server.url + "/health")
-        return r.status_code, time.perf_counter() - t
+        return r.status_code, time.perf_counter() - sent
 
     def big():
         try:
@@ -129,11 +129,11 @@ def test_large_bodies_are_refused_while_health_stays_fast(server):
             done.set()
 
     with client, ThreadPoolExecutor(16) as pool:
-        probe()                                                          # a warm connection pool in the server
+        probe(time.perf_counter())                                       # a warm connection pool in the server
         sender = pool.submit(big)
         futures = []
-        while not done.is_set():                                         # a probe every 25 ms, whether or not the
-            futures.append(pool.submit(probe)); time.sleep(0.025)        # last one came back
+        while not done.is_set():                                         # a probe due every 25 ms, whether or not
+            futures.append(pool.submit(probe, time.perf_counter())); time.sleep(0.025)   # the last came back
         sender.result()
         lat = [f.result() for f in futures]
     assert lat and all(code == 200 for code, _ in lat)
