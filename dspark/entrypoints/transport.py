@@ -23,7 +23,8 @@ from .protocol import error_body
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'EXIT_BROKEN', 'TransportArgs', 'BodyLimits', 'over_cap', 'ItemCaps', 'refusal', 'GuardedH11', 'serve']
+__all__ = ['log', 'EXIT_BROKEN', 'TransportArgs', 'BodyLimits', 'over_cap', 'ItemCaps', 'refusal', 'GuardedH11',
+           'descriptor_limit', 'serve']
 
 # %% ../../nbs/32b_transport.ipynb #0955387d
 @dataclass
@@ -142,14 +143,24 @@ class GuardedH11(H11Protocol):
             self.transport.close()
 
 # %% ../../nbs/32b_transport.ipynb #4ab2fd75
+def descriptor_limit() -> int:
+    "The process's soft limit on open file descriptors (a large number where there is none or it cannot be read)."
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    except (ImportError, OSError, ValueError): return 1 << 20
+
 def serve(app, engine, a, handle_exit=None) -> int:
     """Run `app` under uvicorn with the transport's guards (`a`: settings with `TransportArgs`' and `ServerArgs`'
     fields) and return the process's exit status: 0 after a normal shutdown, 70 when the engine broke. A broken engine
     (its `on_dead`) makes the server stop taking work and exit through uvicorn's shutdown, or at once if that takes
     longer than `exit_grace` seconds. `handle_exit(sig, frame)`: called first on SIGTERM/SIGINT (the drain)."""
     import uvicorn
+    cap = max(1, min(a.max_connections, descriptor_limit() - 64))
+    if cap < a.max_connections: log.warning("--max-connections %d lowered to %d: 64 below the descriptor limit", a.max_connections, cap)
     config = uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=a.timeout_keep_alive,
-                            http=GuardedH11.guarded(a.request_read_timeout, a.max_connections))
+                            http=GuardedH11.guarded(a.request_read_timeout, cap))
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if handle_exit is not None: handle_exit(sig, frame)
