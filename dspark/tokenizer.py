@@ -89,7 +89,9 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         "Token ids of `text`; with `add_special_tokens` the post-processor of tokenizer.json adds `bos`."
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # `encode_batch` lets go of the interpreter lock while it works (`encode` holds it): a long text tokenised in a
+        # server's worker thread does not stall its event loop
+        return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         "Text of `ids`; bytes that do not form whole UTF-8 characters become U+FFFD."

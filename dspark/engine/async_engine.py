@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from .core import EngineCore
 from .outputs import RequestDelta
@@ -23,7 +23,7 @@ from ..sample.sampling import SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'EngineFull', 'EngineDraining', 'EngineDead', 'AsyncEngine']
+__all__ = ['log', 'EngineFull', 'EngineDraining', 'EngineError', 'EngineDead', 'AsyncEngine']
 
 # %% ../../nbs/29_async_engine.ipynb #a028f3e4
 class EngineFull(RuntimeError):
@@ -32,8 +32,11 @@ class EngineFull(RuntimeError):
 class EngineDraining(RuntimeError):
     "The server is shutting down: running requests finish, new ones are refused (HTTP 503)."
 
-class EngineDead(RuntimeError):
-    "A step failed; the engine does not run any more (HTTP 500 for open requests, 503 from /health)."
+class EngineError(RuntimeError):
+    "A step failed for this request; the engine goes on (HTTP 500, or an `error` frame in a stream)."
+
+class EngineDead(EngineError):
+    "The engine is broken and does not run any more (HTTP 500 for open requests, 503 from /health until the exit)."
 
 @dataclass
 class _Open:
@@ -48,8 +51,9 @@ class _Open:
 class AsyncEngine:
     """Runs an engine (an `EngineCore`, or the `dspark.LLM` over one) in a background thread; `generate` is an async
     iterator of per-step `RequestDelta`s."""
-    def __init__(self, llm: EngineCore, max_waiting: int = 256, metrics: EngineMetrics | None = None, idle_wait: float = 0.05):
-        self.llm, self.metrics, self.idle_wait = llm, metrics, idle_wait
+    def __init__(self, llm: EngineCore, max_waiting: int = 256, metrics: EngineMetrics | None = None, idle_wait: float = 0.05,
+                 on_dead: Callable[[BaseException], None] | None = None):
+        self.llm, self.metrics, self.idle_wait, self.on_dead = llm, metrics, idle_wait, on_dead
         self.max_in_flight = llm.scheduler.sc.max_num_seqs + max_waiting
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -138,10 +142,11 @@ class AsyncEngine:
             try:
                 deltas = self.llm.step()
             except BaseException as e:           # the engine's state is unknown now: fail loudly, everywhere
-                log.exception("engine step failed; failing every open request")
+                log.exception("the engine is broken; failing every open request")
                 self.dead = e
                 with self._lock: opened, self._open = list(self._open.values()), {}
                 for o in opened: self._post(o, EngineDead(f"engine step failed: {e!r}"))
+                if self.on_dead is not None: self.on_dead(e)
                 return
             now = time.monotonic()
             for d in deltas: self._deliver(d, now)
@@ -156,6 +161,9 @@ class AsyncEngine:
             o = self._open.get(d.request_id)
             if o is not None and d.finished: del self._open[d.request_id]
         if o is None: return                                 # aborted meanwhile: nobody is listening
+        if d.finish_reason == "error":                       # the step failed for this request alone
+            if self.metrics: self.metrics.observe_finish("error", d.num_output_tokens, o.arrival, now)
+            return self._post(o, EngineError(f"the engine failed this request: {d.error}"))
         if self.metrics:
             self.metrics.observe_output(len(d.token_ids), o.num_prompt, o.arrival, o.last, now)
             if d.finished: self.metrics.observe_finish(d.finish_reason, d.num_output_tokens, o.arrival, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import re
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from ..model.transformer import Transformer
 from ..sample.sampling import SamplingParams, stream_key
 from ..request import Request
 from ..runtime.runner import ModelRunner, RunnerOutput, as_decided
-from .outputs import CompletionOutput, RequestDelta, RequestOutput
+from .outputs import CompletionOutput, EngineBroken, RequestDelta, RequestOutput, StopMatcher, is_fatal, step_fault
 from .scheduler import KVCacheManager, Scheduler, SchedulerConfig
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -87,6 +87,7 @@ class _Track:
     prompt: str | None
     detok: IncrementalDetokenizer
     holdback: int = 0                    # characters kept back from deltas: the longest stop string minus one
+    stops: StopMatcher | None = None     # its stop strings, indexed (chapter 27a)
     text: str = ""
     sent: int = 0
     logprobs: list = field(default_factory=list)
@@ -97,6 +98,7 @@ class _Track:
 class EngineCore:
     """One process's engine: it builds and owns the scheduler, the model runner and the tokenizer, and steps them.
     `dspark.LLM` wraps one; under tensor parallelism each rank runs a `dspark.distributed.tp.TPEngineCore`."""
+    MAX_FAILED_STEPS = 3          # steps in a row in which nothing ran: the engine, not a request, is at fault
 
     def __init__(self, model: str | Path, speculative: str | None = None, num_speculative_tokens: int | None = None,
                  device: str = "cpu", dtype: str = "float32", tensor_parallel_size: int = 1, seed: int = 0,
@@ -126,6 +128,8 @@ class EngineCore:
         cfg, self.seed, self._count = self.model.cfg, seed, 0
         self._tracks: dict[str, _Track] = {}
         self._held = False                                     # the last step held arrivals back (see `step`)
+        self._failed_steps = 0                                 # steps in a row whose every part failed
+        self.fault = step_fault(os.environ.get("DSPARK_TEST_FAULT"))   # the test hook (None: none)
         self.model_path, self.speculative = Path(model), speculative
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
         drafter = self._load_drafter(model, speculative)
@@ -133,6 +137,7 @@ class EngineCore:
             if speculative != "dspark": raise ValueError("fp8_draft_head applies to the DSpark drafter: set speculative='dspark'")
             log.info(drafter.use_fp8_head())
         self.max_model_len = max_model_len or cfg.max_position_embeddings
+        self.max_prompt_chars = self._max_prompt_chars()
         if self.max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
@@ -263,10 +268,20 @@ class EngineCore:
             return int(max(0, free - (1 - utilization) * total))
         return 256 * 2**20
 
+    def _max_prompt_chars(self) -> int | None:
+        """Characters beyond which a text prompt cannot fit `max_model_len` tokens, known without tokenising it: no token
+        covers more characters than its vocabulary string has (None when a normalizer could shrink the text)."""
+        tok = self.tokenizer.tok
+        if tok.normalizer is not None: return None
+        return self.max_model_len * max(len(s) for s in tok.get_vocab(with_added_tokens=True))
+
     def encode_prompt(self, prompt) -> tuple[str | None, list[int]]:
         "Validate one prompt (a non-empty string or list of in-vocabulary token ids) and return `(text, ids)`."
         if isinstance(prompt, str):
             if not prompt: raise ValueError("prompt is empty")
+            if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
+                raise ValueError(f"prompt has {len(prompt)} characters, more than {self.max_model_len} tokens can hold; "
+                                 f"max_model_len is {self.max_model_len}")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             if not prompt: raise ValueError("prompt is empty (no token ids)")
@@ -296,6 +311,7 @@ class EngineCore:
         req = Request(rid, ids, params, seed)
         holdback = max((len(s) for s in params.stop or []), default=1) - 1
         self._tracks[rid] = _Track(req, text, IncrementalDetokenizer(self.tokenizer), holdback=holdback,
+                                   stops=StopMatcher(params.stop) if params.stop else None,
                                    stop=frozenset(self._stop_ids(params)), lazy=not (stream_text or params.stop))
         self.scheduler.add(req)
         return rid
@@ -307,11 +323,49 @@ class EngineCore:
         self.runner.settle()                                   # the last fused round's drafts, before scheduling
         batch = self._schedule()
         if not batch: return []
-        out = self.runner.execute(batch)
-        self._cut(batch, out)
-        deltas = self._outputs(self.scheduler.update(batch, out), out)
+        if getattr(self, "world", 1) > 1: runs, failed = [(batch, self.runner.execute(batch))], []   # see `_contained`
+        else: runs, failed = self._contained(batch)
+        deltas = [self._fail(r, e) for r, e in failed]
+        for part, out in runs:
+            self._cut(part, out)
+            deltas += self._outputs(self.scheduler.update(part, out), out)
         if self.runner.capacity is not None and not self.scheduler.has_work(): self.runner.capacity.idle()   # reset on idle
         return deltas
+
+    def _contained(self, batch: list[tuple[Request, int]]) -> tuple[list, list]:
+        """Run a step so that an exception fails only the requests it can be pinned to: a part that raises is run
+        again in halves until the culprits stand alone. Returns the parts that ran with their outputs, and the
+        requests that failed with their exceptions. Raises `EngineBroken` on a fatal error (`is_fatal`) or when
+        `MAX_FAILED_STEPS` steps in a row ran nothing. Under tensor parallelism `step` does not come here: an error
+        there is raised as it is, the same on every rank, so the ranks stay in lock-step."""
+        runs, failed, todo = [], [], [batch]
+        while todo:
+            part = todo.pop()
+            try:
+                if self.fault is not None: self.fault(part)
+                runs.append((part, self.runner.execute(part)))
+            except Exception as e:
+                if is_fatal(e): raise EngineBroken(f"engine step failed: {e!r}") from e
+                log.warning("a step of %d request(s) failed: %r", len(part), e)
+                self._reset_runner()
+                if len(part) == 1: failed.append((part[0][0], e))
+                else: todo += [part[len(part) // 2:], part[: len(part) // 2]]
+        self._failed_steps = 0 if runs else self._failed_steps + 1
+        if self._failed_steps >= self.MAX_FAILED_STEPS:
+            raise EngineBroken(f"{self._failed_steps} steps in a row failed for every request in them; last: {failed[-1][1]!r}")
+        return runs, failed
+
+    def _reset_runner(self) -> None:
+        "After a failed part: nothing launched ahead or proposed by it survives (the next part starts clean)."
+        for a in (self.runner.ahead, self.runner.round_ahead):
+            if a is not None and a.pending is not None: a.drop()
+        self.runner.proposed = {}
+
+    def _fail(self, r: Request, e: Exception) -> RequestDelta:
+        "End a request a step failed for: its blocks are freed and its last delta carries the error."
+        self.scheduler.finish(r, "error"); self.runner.forget(r.request_id)
+        return RequestDelta(r.request_id, [], "", None, "error", len(r.prompt_ids), len(r.output_ids),
+                            r.num_cached_tokens, error=f"{type(e).__name__}: {e}")
 
     def _schedule(self) -> list[tuple[Request, int]]:
         """The next batch. Chapter 31: a step launched ahead is dropped if an arrival joins the batch it computed, so
@@ -355,10 +409,10 @@ class EngineCore:
         r, sp = t.req, t.req.params
         if t.lazy: t.detok.extend(new)                        # decoded once, at the end (no stop strings to look for)
         else: t.text += t.detok.push(new)
-        for s in sp.stop or []:                                # a stop string cuts the text before it
-            if s in t.text[max(0, t.sent - len(s)):]:
-                t.text = t.text[: t.text.index(s, max(0, t.sent - len(s)))]
-                return "stop"
+        cut = t.stops.find(t.text, t.sent) if t.stops else None   # a stop string cuts the text before it
+        if cut is not None:
+            t.text = t.text[:cut]
+            return "stop"
         reason = ("stop" if new[-1] in t.stop else
                   "length" if len(r.output_ids) >= sp.max_tokens or r.num_tokens >= self.max_model_len else None)
         if reason: t.text += t.detok.flush()                  # text held back mid-character

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['CompletionOutput', 'RequestOutput', 'RequestDelta']
+__all__ = ['CompletionOutput', 'RequestOutput', 'RequestDelta', 'StopMatcher', 'EngineBroken', 'is_fatal', 'step_fault']
 
 # %% ../../nbs/27a_outputs.ipynb #9708bee7
 @dataclass
@@ -18,7 +18,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None            # "stop" | "length"
+    finish_reason: str | None            # "stop" | "length" | "error"
     logprobs: list[dict[int, float]] | None = None
 
 @dataclass
@@ -37,11 +37,59 @@ class RequestDelta:
     token_ids: list[int]                 # tokens committed this step
     text: str                            # text they completed (a stop string that may still form is held back)
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None            # set on the request's last delta
+    finish_reason: str | None            # set on the request's last delta; "error": the engine failed it (see `error`)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0           # all output tokens so far
     num_cached_tokens: int = 0
+    error: str | None = None             # why a step failed this request (finish_reason "error"); the engine goes on
 
     @property
     def finished(self) -> bool: return self.finish_reason is not None
+
+
+# %% ../../nbs/27a_outputs.ipynb #c026f219
+class StopMatcher:
+    "A request's stop strings, indexed by length: where its text must be cut, at a cost that does not grow with their number."
+    def __init__(self, stops: list[str]):
+        self.rank: dict[str, int] = {}
+        for i, s in enumerate(stops): self.rank.setdefault(s, i)        # a repeated string keeps its first place
+        self.lengths = sorted({len(s) for s in self.rank})
+        self.longest = self.lengths[-1] if self.lengths else 0
+
+    def find(self, text: str, sent: int) -> int | None:
+        """Where to cut `text` (the start of the winning occurrence), or None: occurrences that end at or after `sent`
+        are considered; the first-listed string wins, at its earliest start."""
+        best = None                                                      # (rank, start)
+        for end in range(max(sent, 1), len(text) + 1):
+            for n in self.lengths:
+                if n > end: break
+                i = self.rank.get(text[end - n:end])
+                if i is not None and (best is None or i < best[0]): best = (i, end - n)
+        return None if best is None else best[1]
+
+# %% ../../nbs/27a_outputs.ipynb #c5d1f0a2
+class EngineBroken(RuntimeError):
+    """The engine itself is broken — a device error, a violated invariant, or steps failing with no request left to
+    blame — and cannot go on: the process should exit so that a supervisor restarts it."""
+
+def is_fatal(e: BaseException) -> bool:
+    "Whether a step's exception says the engine itself is broken, not one of the requests in it."
+    msg = str(e)
+    return (isinstance(e, (AssertionError, MemoryError, EngineBroken)) or type(e).__name__ == "AcceleratorError"
+            or "CUDA error" in msg or "device-side assert" in msg)
+
+def step_fault(spec: str | None):
+    """The documented test hook, from `DSPARK_TEST_FAULT`: `"token:ID"` makes every step that holds a request with
+    token ID in its prompt raise, `"always"` makes every step raise; unset, no hook. It runs where the runner does, so
+    the engine cannot tell an injected failure from a real one."""
+    if not spec: return None
+    if spec == "always":
+        def fault(batch): raise RuntimeError("injected step failure (DSPARK_TEST_FAULT=always)")
+        return fault
+    kind, _, tok = spec.partition(":")
+    if kind != "token" or not tok.isdigit(): raise ValueError(f"DSPARK_TEST_FAULT must be 'always' or 'token:ID', got {spec!r}")
+    def fault(batch):
+        hit = [r.request_id for r, _ in batch if int(tok) in r.prompt_ids]
+        if hit: raise RuntimeError(f"injected step failure (DSPARK_TEST_FAULT={spec}) for {hit}")
+    return fault
 

@@ -29,8 +29,7 @@ log = logging.getLogger("dspark")
 __all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'ChatMessage', 'ChatCompletionRequest',
            'TokenizeRequest', 'DetokenizeRequest', 'APIError', 'error_body', 'validation_message',
            'install_error_handlers', 'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages',
-           'Choice', 'usage', 'response_id', 'request_id', 'completion_logprobs', 'chat_logprobs', 'sse',
-           'openai_http_protocol']
+           'Choice', 'usage', 'response_id', 'request_id', 'completion_logprobs', 'chat_logprobs', 'sse']
 
 # %% ../../nbs/32_protocol.ipynb #9ec1b948
 class _Strict(BaseModel):
@@ -264,16 +263,3 @@ def chat_logprobs(tok, token_ids: list[int], lps: list[dict], top: int) -> dict:
 
 def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def openai_http_protocol():
-    """uvicorn's HTTP protocol class with its one plain-text reply — the 400 for a request it cannot parse —
-    answered in OpenAI's error shape like every other error."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
-    class OpenAIErrors(AutoHTTPProtocol):
-        def send_400_response(self, msg: str) -> None:
-            body = json.dumps(error_body(400, msg)).encode()
-            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-            self.transport.close()
-    return OpenAIErrors

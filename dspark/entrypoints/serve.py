@@ -24,15 +24,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import __version__
-from ..engine.async_engine import AsyncEngine, EngineDead, EngineDraining, EngineFull
+from ..engine.async_engine import AsyncEngine, EngineDead, EngineDraining, EngineError, EngineFull
 from ..engine.args import ENGINE_GROUPS, ArgGroup, EngineArgs, arg, capacity_config, parse_settings
 from ..engine.core import frozen_heap
 from ..engine.outputs import RequestDelta
 from .llm import LLM
+from .transport import BodyLimits, ItemCaps, TransportArgs, serve
 from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_logprobs,
-                             error_body, install_error_handlers, openai_http_protocol, request_id, response_id,
+                             error_body, install_error_handlers, request_id, response_id,
                              sampling_params, sse, usage)
 from ..sample.sampling import SamplingParams
 
@@ -72,7 +73,7 @@ async def sse_events(streams, render, head: dict, prompt_lens: list[int], includ
         async for i, d in merged(streams):
             choices[i].add(d)
             if d.text or d.finished: yield sse(render(i, d))
-    except EngineDead as e:
+    except EngineError as e:
         yield sse(error_body(500, str(e))); yield "data: [DONE]\n\n"; return
     if include_usage: yield sse(head | {"choices": [], "usage": usage(choices, prompt_lens)})
     yield "data: [DONE]\n\n"
@@ -122,7 +123,7 @@ class Gate:
             await send(msg)
         await self.app(scope, replay, send_with_id)
 
-def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
+def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None = None) -> FastAPI:
     "The FastAPI application serving `engine`; the engine thread starts with the app and stops with it."
     llm, tok = engine.llm, engine.llm.tokenizer
     created = int(time.time())
@@ -134,6 +135,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="dspark", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(ItemCaps, limits=limits or BodyLimits(max_tokens_per_list=llm.max_model_len))   # inside Gate
     app.add_middleware(Gate, config=sc)
     app.state.engine, app.state.config = engine, sc
 
@@ -177,7 +179,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
                 except asyncio.CancelledError: pass
                 raise APIError(499, "client disconnected")
         try: task.result()
-        except EngineDead as e: raise APIError(500, str(e)) from None
+        except EngineError as e: raise APIError(500, str(e)) from None
         return choices
 
     def tokenize_prompts(prompt) -> list[list[int]]:
@@ -197,7 +199,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         check_unsupported(body); check_model(body.model)
         rid = request.state.request_id
-        prompts = tokenize_prompts(body.prompt)
+        prompts = await asyncio.to_thread(tokenize_prompts, body.prompt)      # off the event loop
         ids, params = [], []
         for p in prompts:
             for j in range(body.n):
@@ -224,7 +226,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request):
         check_unsupported(body); check_model(body.model)
         rid = request.state.request_id
-        try: prompt = llm.tokenizer.encode_chat(chat_messages(body.messages))
+        try: prompt = await asyncio.to_thread(llm.tokenizer.encode_chat, chat_messages(body.messages))
         except ValueError as e: raise APIError(400, str(e), "messages") from None
         if len(prompt) >= llm.max_model_len:
             raise APIError(400, f"the messages take {len(prompt)} tokens; this model's maximum context length is "
@@ -261,7 +263,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if not engine.healthy: return Response(status_code=503)
+        if not engine.healthy: return JSONResponse({"status": "broken", "reason": repr(engine.dead)}, 503)
         if engine.draining: return Response(status_code=503, headers={"Retry-After": "5"})
         return Response(status_code=200)
 
@@ -280,8 +282,8 @@ def build_app(engine: AsyncEngine, sc: ServerConfig) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send exactly one of prompt or messages", "prompt")
         try:
-            ids = (tok.encode(body.prompt, add_special_tokens=body.add_special_tokens) if body.prompt is not None
-                   else tok.encode_chat(chat_messages(body.messages)))
+            ids = await asyncio.to_thread(lambda: tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+                                          if body.prompt is not None else tok.encode_chat(chat_messages(body.messages)))
         except ValueError as e: raise APIError(400, str(e), "messages") from None
         return {"tokens": ids, "count": len(ids), "max_model_len": llm.max_model_len}
 
@@ -311,7 +313,7 @@ class ServerArgs(ArgGroup):
     gpu_memory_gb: float | None = arg(None, "memory of one GPU in GB for the --dry-run plan (default: this machine's GPU, else 141)")
 
 @dataclass
-class ServeArgs(EngineArgs, ServerArgs):
+class ServeArgs(EngineArgs, ServerArgs, TransportArgs):
     "Everything `python -m dspark.serve` takes: the engine's settings and the server's."
     def __post_init__(self):
         super().__post_init__()
@@ -321,7 +323,7 @@ def parse_args(argv: list[str] | None = None, env: dict | None = None) -> ServeA
     "The server's settings from the command line and the `DSPARK_*` environment (`--help` lists them by group)."
     p = argparse.ArgumentParser(prog="python -m dspark.serve",
                                 description="OpenAI-compatible DeepSeek-V4 server with DSpark speculative decoding")
-    given = parse_settings(p, (*ENGINE_GROUPS, ServerArgs), argv, dict(os.environ if env is None else env))
+    given = parse_settings(p, (*ENGINE_GROUPS, ServerArgs, TransportArgs), argv, dict(os.environ if env is None else env))
     try: return ServeArgs(**given)
     except ValueError as e: p.error(str(e))
 
@@ -390,20 +392,12 @@ def main(argv: list[str] | None = None) -> int:
         print("speculative config:", json.dumps(a.speculative_config(conf["speculative"], conf["num_speculative_tokens"])))
         print("memory plan:"); print("\n".join("  " + line for line in plan))
         return 0
-    import uvicorn
     try: llm = build_llm(a)
     except (ValueError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr); return 2
     engine = AsyncEngine(llm, a.max_waiting_requests, EngineMetrics(a.served_model_name, log_interval=a.spec_log_interval))
-    app = build_app(engine, ServerConfig(a.served_model_name, a.api_key, a.max_body_bytes))
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):                  # SIGTERM/SIGINT: refuse new work, let running finish
-            engine.drain(); super().handle_exit(sig, frame)
-            self._captured_signals.clear()                  # a drained shutdown is a clean exit (0), not a re-raised signal
-
-    server = Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=5,
-                                   timeout_graceful_shutdown=a.shutdown_timeout, http=openai_http_protocol()))
+    app = build_app(engine, ServerConfig(a.served_model_name, a.api_key, a.max_body_bytes),
+                    BodyLimits(a.max_list_items, a.max_stop_chars, llm.max_model_len))
     log.info("serving %s (%s) on http://%s:%d", a.served_model_name, conf["speculative"], a.host, a.port)
-    with frozen_heap(): server.run()           # the engine's start-up heap stays out of the collector's passes
-    return 0
+    with frozen_heap():                        # the engine's start-up heap stays out of the collector's passes
+        return serve(app, engine, a, handle_exit=lambda sig, frame: engine.drain())   # SIGTERM: drain first
