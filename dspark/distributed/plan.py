@@ -8,7 +8,6 @@ Docs: https://dspark-dev.github.io/dspark/memory_plan.html.md"""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,25 +16,23 @@ from ..cache.kv_cache import cache_format, kv_bytes_per_token, plan_cache
 from ..config import ModelConfig
 from ..engine.core import RAGGED_GRAPH_TOKENS, default_block_size
 from ..model.checkpoint import KEEP_FP32, draft_shapes
+from ..model.weights import quantized_as
 from ..model.transformer import Block, Transformer
 from ..runtime.memory import cache_bytes, memory_line, working_estimate
 from .sharding import check_tp_size, shard_block, shard_model
 
 # %% auto #0
-__all__ = ['FP8_LINEAR', 'ROUTED_EXPERT', 'GB', 'CUDA_CONTEXT', 'stored_format', 'stored_bytes', 'rank_shapes', 'weight_bytes',
-           'MemoryPlan', 'plan_memory', 'plan_lines']
+__all__ = ['GB', 'CUDA_CONTEXT', 'stored_format', 'stored_bytes', 'rank_shapes', 'weight_bytes', 'MemoryPlan', 'plan_memory',
+           'plan_lines']
 
 # %% ../../nbs/31a_memory_plan.ipynb #899d4490
-FP8_LINEAR = re.compile(r"(^|\.)(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|shared_experts\.w[123]|e_proj|h_proj|main_proj)\.weight$")
-ROUTED_EXPERT = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]\.weight$")
-
 def stored_format(name: str, cfg: ModelConfig) -> str:
     "How the release checkpoint of `cfg` stores tensor `name`: fp8, fp4, bf16, fp32 or int64."
     quantized = cfg.quantization_config is not None
-    if ROUTED_EXPERT.search(name):
+    if quantized_as(name) == "fp4":                    # a routed expert
         if cfg.expert_dtype in ("fp4", "fp8"): return cfg.expert_dtype
         return "fp8" if quantized else "bf16"
-    if quantized and FP8_LINEAR.search(name): return "fp8"
+    if quantized and quantized_as(name) == "fp8": return "fp8"
     if name.endswith("tid2eid"): return "int64"
     return "fp32" if KEEP_FP32.search(name) else "bf16"
 

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from ..config import ModelConfig, load_config, save_config
 from .transformer import Block, Transformer
-from .weights import as_stored
+from .weights import STORED_FP32, as_stored, quantized_as
 from .quant import dequantize_fp4, dequantize_fp8, quantize_fp4, quantize_fp8
 from .reader import (CheckpointError, CheckpointReader, QUANTIZED, STORED, assign, scale_name,
                                  shard_files, stream_state)
@@ -67,7 +67,7 @@ def dequantize_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # the tensors kept in fp32 in every format and at every load dtype: the hyper-connection mixers, the attention
 # sinks, the APE and the router bias are small and precision-sensitive
-KEEP_FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias)$")
+KEEP_FP32 = STORED_FP32                  # one rule, kept beside the weight objects (chapter 07a)
 
 def _as_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values(): return dtype
@@ -120,17 +120,14 @@ def load_target(path: str | Path, device: str | torch.device = "cpu", dtype="flo
     return model.eval()
 
 # %% ../../nbs/08_checkpoint.ipynb #db3a67c7
-_FP8_LINEAR = re.compile(r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|shared_experts\.w[123]|e_proj|h_proj|main_proj)\.weight$")
-_FP4_EXPERT = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
-
 def encode_tensor(k: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
     "One tensor as `fmt` stores it: `{k: t}` cast, or for fp8 the quantised `X.weight` and its `X.scale` (the shipped names)."
     if not t.is_floating_point(): return {k: t.contiguous()}
     if fmt in ("float32", "bfloat16"):
         return {k: t.to(torch.float32 if KEEP_FP32.search(k) else DTYPES[fmt]).contiguous()}
-    if _FP4_EXPERT.search(k):
+    if quantized_as(k) == "fp4":
         q, s = quantize_fp4(t); return {k: q, scale_name(k): s}
-    if _FP8_LINEAR.search(k):
+    if quantized_as(k) == "fp8":
         q, s = quantize_fp8(t); return {k: q, scale_name(k): s}
     return {k: t.to(torch.float32 if KEEP_FP32.search(k) else torch.bfloat16).contiguous()}
 

@@ -18,8 +18,8 @@ from .quant import FP4_VALUES, FP8_MAX, quantize_fp4, quantize_fp8
 
 # %% auto #0
 __all__ = ['BLOCK', 'FP4_BLOCK', 'FP8_LINEAR', 'FP4_EXPERT', 'STORED_FP32', 'FP4_RMS', 'FP8_SPREAD', 'scratch', 'e8m0_scales',
-           'StoredLinear', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'stored_format', 'as_stored',
-           'resident_bytes', 'dummy_weights']
+           'StoredLinear', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'quantized_as', 'stored_format',
+           'as_stored', 'resident_bytes', 'dummy_weights']
 
 # %% ../../nbs/07a_weights.ipynb #w006
 _SCRATCH: dict[tuple[str, str, torch.dtype], torch.Tensor] = {}
@@ -133,6 +133,12 @@ def dense_weight(linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
 FP8_LINEAR = re.compile(r"(^|\.)(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|shared_experts\.w[123]|e_proj|h_proj|main_proj)$")
 FP4_EXPERT = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]$")
 STORED_FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias)$")
+
+def quantized_as(key: str) -> str | None:
+    "'fp8' or 'fp4' for a tensor the release checkpoint quantises (a `<module>.weight` of those modules), else None."
+    if not key.endswith(".weight"): return None
+    m = key.removesuffix(".weight")
+    return "fp4" if FP4_EXPERT.search(m) else "fp8" if FP8_LINEAR.search(m) else None
 
 def stored_format(name: str) -> type | None:
     "`FP8Linear` / `FP4Linear` for a linear module the checkpoint quantises, None for one it keeps in bf16."
