@@ -16,7 +16,7 @@ from dspark.distributed.plan import GB, plan_memory
 from dspark.entrypoints.llm import LLM
 from dspark.sample.sampling import SamplingParams
 from dspark.entrypoints.serve import main, parse_args
-from dspark.model.checkpoint import draft_shapes
+from dspark.model.checkpoint import CheckpointError, draft_shapes
 from dspark.model.transformer import Transformer
 from serving import ROOT
 
@@ -138,3 +138,13 @@ def test_hf_overrides_shape_a_dummy_weight_model(tiny_ckpt):
     assert len(llm.engine.model.layers) == 1
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].outputs[0]
     assert len(out.token_ids) == 4
+
+
+def test_a_directory_with_only_config_json_serves_dummy_weights(tiny_ckpt, tmp_path):
+    (tmp_path / "config.json").write_bytes((tiny_ckpt / "config.json").read_bytes())     # no weights, no tokenizer
+    with pytest.raises(CheckpointError, match="safetensors"):                         # a real load needs the files
+        LLM(tmp_path, kv_cache_memory_bytes=32 * 2**20)
+    llm = LLM(tmp_path, load_format="dummy", quantization="auto", kv_cache_memory_bytes=32 * 2**20)
+    assert any(type(m).__name__ == "FP8Linear" for m in llm.engine.model.modules())
+    out = llm.generate([[0, 5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 3

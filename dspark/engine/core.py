@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_config
-from ..model.checkpoint import DTYPES, load_target
+from ..config import load_config, resolve_model
+from ..model.checkpoint import DEFAULT_MODEL, DTYPES, load_target
 from ..model.drafter import DSparkDrafter, load_drafter
 from ..model.mtp import MTPDrafter, load_mtp
 from ..model.weights import as_stored, dummy_weights
@@ -123,8 +123,11 @@ class EngineCore:
         if quantization not in ("auto", "none"): raise ValueError(f"quantization must be 'auto' or 'none', got {quantization!r}")
         if load_format not in ("auto", "dummy"): raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
         self.quantization, self.load_format, self.seed, self.hf_overrides = quantization, load_format, seed, hf_overrides
+        model = resolve_model(model)                           # a named config (deepseek-v4-flash) -> its shipped directory
         self.model = self._load_target(model, device, dtype)
-        self.tokenizer = Tokenizer.from_dir(model)
+        tok_dir = DEFAULT_MODEL if load_format == "dummy" and not (Path(model) / "tokenizer.json").is_file() else model
+        if tok_dir != model: log.warning("no tokenizer.json in %s: the embedded model's tokenizer stands in (dummy weights)", model)
+        self.tokenizer = Tokenizer.from_dir(tok_dir)
         cfg, self.seed, self._count = self.model.cfg, seed, 0
         self._tracks: dict[str, _Track] = {}
         self._held = False                                     # the last step held arrivals back (see `step`)
