@@ -292,3 +292,21 @@ def test_launcher_environment_and_dry_run(tiny_ckpt):
         r = subprocess.run([sys.executable, "-m", "dspark.serve", "--model", str(tiny_ckpt), "--dry-run", *bad],
                            capture_output=True, text=True, env={"PATH": ""}, cwd=ROOT, timeout=120)
         assert r.returncode != 0 and msg in r.stderr + r.stdout
+
+
+def test_continuous_usage_stats_put_the_running_usage_on_every_chunk(client):
+    "vLLM's `stream_options.continuous_usage_stats` (guidellm and aiperf always send it)."
+    kw = dict(model="tiny", prompt="Now is better than never", max_tokens=12, temperature=0.0)
+    chunks = list(client.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counted = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counted and counted == sorted(counted) and all(c.usage.prompt_tokens > 0 for c in chunks)
+    assert chunks[-1].choices == [] and counted[-1] == chunks[-1].usage.completion_tokens == 12
+    plain = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain if c.choices)
+
+
+def test_head_answers_wherever_get_does(server):
+    for path in ("/health", "/version", "/metrics", "/v1/models"):
+        r = httpx.head(server.url + path, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200 and r.content == b"", path

@@ -44,6 +44,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False      # vLLM's: with include_usage, the running usage on every chunk too
 
 class _SamplingFields(_Strict):
     model: str | None = None

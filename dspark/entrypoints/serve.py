@@ -34,7 +34,7 @@ from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_logprobs,
                              error_body, install_error_handlers, request_id, response_id,
-                             sampling_params, sse, usage)
+                             StreamOptions, sampling_params, sse, usage)
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")
@@ -64,15 +64,21 @@ async def merged(streams: list[AsyncIterator[RequestDelta]]) -> AsyncIterator[tu
         for t in tasks: t.cancel()
 
 # %% ../../nbs/33_serve.ipynb #9572a8e7
-async def sse_events(streams, render, head: dict, prompt_lens: list[int], include_usage: bool,
+async def sse_events(streams, render, head: dict, prompt_lens: list[int], opts: StreamOptions | None,
                      opening: list[dict] = ()) -> AsyncIterator[str]:
-    "SSE text for a response: `render(i, delta)` makes a choice's chunk; `head` carries id/object/model."
+    """SSE text for a response: `render(i, delta)` makes a choice's chunk; `head` carries id/object/model. `opts`
+    (`stream_options`): `include_usage` adds a last chunk with the usage; with `continuous_usage_stats` (as vLLM
+    does) every chunk also carries the usage so far."""
+    include_usage = bool(opts and opts.include_usage)
+    continuous = include_usage and opts.continuous_usage_stats
     choices = [Choice(i) for i in range(len(streams))]
     for o in opening: yield sse(o)
     try:
         async for i, d in merged(streams):
             choices[i].add(d)
-            if d.text or d.finished: yield sse(render(i, d))
+            if d.text or d.finished:
+                chunk = render(i, d)
+                yield sse(chunk | {"usage": usage(choices, prompt_lens)} if continuous else chunk)
     except EngineError as e:
         yield sse(error_body(500, str(e))); yield "data: [DONE]\n\n"; return
     if include_usage: yield sse(head | {"choices": [], "usage": usage(choices, prompt_lens)})
@@ -219,7 +225,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
             lp = completion_logprobs(tok, d.token_ids, d.logprobs or [], offsets[i]) if body.logprobs is not None else None
             offsets[i] += len(d.text)
             return head | {"choices": [{"index": i, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}]}
-        events = sse_events(streams, render, head, lens, body.stream_options and body.stream_options.include_usage)
+        events = sse_events(streams, render, head, lens, body.stream_options)
         return stream_response(events, rid)
 
     @app.post("/v1/chat/completions")
@@ -252,25 +258,25 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
             return chunk | {"choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}]}
         opening = [chunk | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                          "finish_reason": None}]} for i in range(body.n)]
-        events = sse_events(streams, render, chunk, lens, body.stream_options and body.stream_options.include_usage, opening)
+        events = sse_events(streams, render, chunk, lens, body.stream_options, opening)
         return stream_response(events, rid)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
         return {"object": "list", "data": [{"id": sc.served_model_name, "object": "model", "created": created,
                                             "owned_by": "dspark", "root": sc.served_model_name, "parent": None,
                                             "max_model_len": llm.max_model_len}]}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if not engine.healthy: return JSONResponse({"status": "broken", "reason": repr(engine.dead)}, 503)
         if engine.draining: return Response(status_code=503, headers={"Retry-After": "5"})
         return Response(status_code=200)
 
-    @app.get("/version")
+    @app.api_route("/version", methods=["GET", "HEAD"])
     async def version(): return {"version": __version__}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics():
         from prometheus_client import CONTENT_TYPE_LATEST
         body = engine.metrics.render() if engine.metrics else b""
