@@ -16,6 +16,7 @@ import torch
 from ..request import Request, all_plain_greedy
 from ..sample.rejection import SpecStats, verify_keyed
 from ..sample.sampling import RowParams, on_device, row_probs
+from ..sample.processors import processed_probs, round_histories
 from ..cache.kv_cache import PagedKVCache, SeqView, forward_cached
 from ..model.transformer import Transformer
 
@@ -125,6 +126,11 @@ class ModelRunner:
                           for (r, k, _), s in zip(items, start)], torch.long, dev)
         rp = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev)
         p = row_probs(flat[ints[:, :K + 1].reshape(-1)], rp.repeat(K + 1)).view(len(items), K + 1, V)
+        if any(r.params.processed for r in reqs):                  # chapter 02a: each verify row with its own history
+            for i, (r, k, rows) in enumerate(items):
+                if not r.params.processed: continue
+                hist = round_histories(r.prompt_ids, r.output_ids, r.drafts[:k], k + 1)
+                p[i] = processed_probs(rows[:k + 1], r.params, hist, r.stop_ids)[torch.arange(K + 1, device=p.device).clamp(max=k)]
         drafts, n_drafts = ints[:, K + 3:], ints[:, K + 1]
         if K and any(k and not r.params.greedy for r, k, _ in items):      # sampled drafts to verify: their q
             q = self.proposer.draft_probs(reqs, K)
