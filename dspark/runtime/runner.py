@@ -117,7 +117,10 @@ class ModelRunner:
         """Rejection sampling for every verifying request of a step at once, on the device (chapter 03's
         `verify_keyed`): each request's `k + 1` rows and `k` draft distributions, padded to the step's largest `k`,
         each row processed with its own request's settings; one copy of `(accepted, next token)` to the host.
-        Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`."""
+        Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`. A request
+        with logit processors (chapter 02a) has its rows recomputed through the reference, row `j` with the round's
+        drafts before `j` in its history; its `q` stays the drafter's unprocessed proposal (exact: it is what the
+        drafts were drawn from), and such a request never takes a fused or captured path."""
         reqs = [r for r, _, _ in items]
         K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
         flat = torch.cat([rows for _, _, rows in items])
