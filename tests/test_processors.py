@@ -130,6 +130,34 @@ def test_greedy_min_tokens_and_bias_by_hand(pair):
         assert llm.generate(_prompts(1, seed=5), sp, use_tqdm=False)[0].outputs[0].token_ids == [9] * 5
 
 
+class Oracle:
+    "A proposer whose drafts are a known continuation (deterministic, so its q is one-hot): every draft is accepted."
+    def __init__(self, seqs, V):
+        self.seqs, self.V = seqs, V
+    def __call__(self, slot, rid, anchor, P, n, params, seed):
+        seq = next((s for s in self.seqs if len(s) > P and s[P] == anchor), [])   # past the end: anything
+        toks = (seq[P + 1:P + 1 + n] + [0] * n)[:n]
+        return toks, torch.nn.functional.one_hot(torch.tensor(toks), self.V).float()
+
+
+@pytest.mark.parametrize("kw", [dict(repetition_penalty=1.8, presence_penalty=1.0, frequency_penalty=0.5),
+                                dict(min_tokens=8, stop_token_ids=[7], logit_bias={7: 4.0})], ids=["penalties", "min_tokens"])
+def test_greedy_rounds_count_the_drafts_before_each_row(ck7, pair, kw):
+    """Drafts that are the processed greedy continuation are all accepted, and the output stays identical: row j
+    of a round sees drafts 1..j-1 in its history (with the committed history only, the penalties at row j would
+    differ and the round would diverge from non-speculative greedy)."""
+    base, prompt = pair[0], _prompts(1, seed=6)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, **kw)
+    ref = base.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids
+    spec = LLM(ck7, speculative="dspark", num_speculative_tokens=4, **KV)
+    spec.runner.proposer.propose = Oracle([prompt + ref], spec.model.cfg.vocab_size)
+    spec.runner.proposer.propose_greedy = spec.runner.proposer.propose_sampled = None
+    assert spec.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids == ref
+    st = spec.spec_stats()
+    pad = 1 if kw.get("min_tokens") else 0                   # the stop ends the reference: the last round's last draft is padding
+    assert st["num_draft_tokens"] >= 8 and st["num_draft_tokens"] - st["num_accepted_tokens"] <= pad
+
+
 @pytest.fixture(scope="module")
 def v16(tmp_path_factory):
     ck = dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("v16p"), seed=5, drafter="dspark", vocab_size=16, dspark_block_size=3)
