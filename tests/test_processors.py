@@ -193,10 +193,10 @@ def test_speculative_samples_the_processed_target(v16, kw):
     p2 = torch.stack([P([x]) for x in range(V)])                       # [x, y]
     p3 = torch.stack([torch.stack([P([x, y]) for y in range(V)]) for x in range(V)])   # [x, y, z]
     m2, m3 = p1 @ p2, torch.einsum("x,xy,xyz->z", p1, p2, p3)
-    N = 800
+    N = 1200
     acc0 = spec.spec_stats()["num_accepted_tokens"]
     outs = spec.generate([prompt] * N, [SamplingParams(**(sp.__dict__ | dict(seed=s))) for s in range(N)], use_tqdm=False)
     x = torch.tensor([o.outputs[0].token_ids[:3] for o in outs])
-    assert spec.spec_stats()["num_accepted_tokens"] - acc0 > 30       # the drafter's tokens are really being used
+    assert spec.spec_stats()["num_accepted_tokens"] - acc0 > 50       # the drafter's tokens are really being used
     for col, exact in enumerate((p1, m2, m3)):
         assert _pvalue(x[:, col], exact) > 1e-3, (col, kw)
