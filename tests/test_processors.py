@@ -70,7 +70,7 @@ def test_plain_requests_are_not_processed():
 
 @pytest.mark.parametrize("kw,field", [
     (dict(min_p=1.5), "min_p"), (dict(min_p=-0.1), "min_p"), (dict(min_tokens=-1), "min_tokens"),
-    (dict(min_tokens=1.5), "min_tokens"), (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(min_tokens=1.5), "min_tokens"), (dict(min_tokens=17, max_tokens=16), "min_tokens"), (dict(presence_penalty=2.5), "presence_penalty"),
     (dict(frequency_penalty=-3), "frequency_penalty"), (dict(repetition_penalty=0), "repetition_penalty"),
     (dict(repetition_penalty=True), "repetition_penalty"), (dict(logit_bias={"x": 1}), "logit_bias"),
     (dict(logit_bias={1: 101}), "logit_bias"), (dict(logit_bias={-1: 1}), "logit_bias"), (dict(logit_bias=[1]), "logit_bias")])

@@ -75,6 +75,7 @@ class SamplingParams:
             bad("repetition_penalty", "must be a finite number > 0")
         if not is_num(self.min_p) or not 0 <= self.min_p <= 1: bad("min_p", "must be in [0, 1]")
         if not is_int(self.min_tokens) or self.min_tokens < 0: bad("min_tokens", "must be an integer >= 0")
+        if self.min_tokens > self.max_tokens: bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict): bad("logit_bias", "must map token ids to biases")
             bias = {}
