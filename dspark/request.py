@@ -35,6 +35,7 @@ class Request:         # equality built tuples of every field on each comparison
     drafts: list[int] = field(default_factory=list)         # proposed tokens to verify in the next step
     published: int = 0             # leading compressed blocks already offered to the prefix cache
     released: int = 0              # leading window blocks already released (or never held)
+    stop_ids: frozenset[int] = frozenset()   # the token ids it stops on (eos included): what `min_tokens` masks
 
     @property
     def all_ids(self) -> list[int]: return self.prompt_ids + self.output_ids
@@ -43,7 +44,7 @@ class Request:         # equality built tuples of every field on each comparison
         """Greedy and without logprobs: a request a fused round or a step launched ahead can serve. Kept: the runner
         and capacity control ask it of every request every step (at 64 requests the property chain cost ~11 µs a
         step on the host), and a request's sampling settings do not change."""
-        return self.params.greedy and self.params.logprobs is None
+        return self.params.greedy and self.params.logprobs is None and not self.params.processed
     def span(self, a: int, b: int) -> list[int]:
         """Token ids at positions `[a, b)` of prompt + output + drafts, without building the whole sequence (a
         step touches a few positions of each request; copying its whole context every step is O(context))."""
@@ -62,4 +63,4 @@ class Request:         # equality built tuples of every field on each comparison
 def all_plain_greedy(reqs) -> bool:
     "Whether every request is `plain_greedy` (a request-like object without the cached flag: by its `params`)."
     try: return all([r.plain_greedy for r in reqs])
-    except AttributeError: return all(r.params.greedy and r.params.logprobs is None for r in reqs)
+    except AttributeError: return all(r.params.greedy and r.params.logprobs is None and not r.params.processed for r in reqs)

@@ -54,6 +54,24 @@ def test_models_health_version(server, client):
     assert httpx.get(server.url + "/version").json()["version"]
 
 
+def test_vllm_sampling_extensions_are_applied(client, offline):
+    """presence/frequency/repetition penalties, min_p, min_tokens and logit_bias (vLLM's through `extra_body`) reach
+    the engine: the server's greedy tokens equal `LLM.generate` with the same `SamplingParams`, on completions and
+    chat, and a +100 bias forces its token."""
+    kw = dict(presence_penalty=1.0, frequency_penalty=0.5)
+    extra = dict(repetition_penalty=1.5, min_p=0.1, min_tokens=4, ignore_eos=True, logit_bias={"42": 3.0})
+    sp = SamplingParams(temperature=0.0, max_tokens=10, **kw, **(extra | {"logit_bias": {42: 3.0}}))
+    ref = offline.generate(["Simple is"], sp, use_tqdm=False)[0].outputs[0].token_ids
+    got = client.completions.create(model="tiny", prompt="Simple is", max_tokens=10, temperature=0, **kw, extra_body=extra)
+    assert got.usage.completion_tokens == 10 and got.choices[0].text == offline.tokenizer.decode(ref)
+    forced = offline.generate(["hi"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={42: 100}),
+                              use_tqdm=False)[0].outputs[0]
+    assert forced.token_ids == [42] * 4
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          temperature=0, logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    assert chat.usage.completion_tokens == 4 and chat.choices[0].message.content == forced.text
+
+
 def test_greedy_completion_equals_llm_generate(client, offline):
     prompts = ["Beautiful is better than", "Simple is", "In the face of ambiguity"]
     ref = offline.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
@@ -166,7 +184,13 @@ BAD = [  # (name, path, body or raw bytes, status, field/message fragment)
     ("n too large", "/v1/completions", {"prompt": "x", "n": 1000}, 400, "n must"),
     ("logprobs too many", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
     ("unsupported field", "/v1/completions", {"prompt": "x", "tools": []}, 400, "tools"),
-    ("unsupported penalty", "/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("presence_penalty out of range", "/v1/completions", {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("repetition_penalty 0", "/v1/completions", {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("min_p out of range", "/v1/completions", {"prompt": "x", "min_p": 1.5}, 400, "min_p"),
+    ("min_tokens wrong type", "/v1/completions", {"prompt": "x", "min_tokens": "3"}, 400, "min_tokens"),
+    ("logit_bias out of range", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                          "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("logit_bias id out of vocab", "/v1/completions", {"prompt": "x", "logit_bias": {"100000": 1}}, 400, "vocabulary"),
     ("stream_options without stream", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream"),
     ("unknown model", "/v1/completions", {"prompt": "x", "model": "gpt-5"}, 404, "gpt-5"),
     ("oversized body", "/v1/completions", {"prompt": "x" * (5 * 2**20)}, 413, "larger than"),

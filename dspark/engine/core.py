@@ -311,7 +311,8 @@ class EngineCore:
         if rid in self._tracks: raise ValueError(f"request id {rid!r} is already in use")
         seed = params.seed if params.seed is not None else stream_key(self.seed, self._count, "sample")
         self._count += 1
-        req = Request(rid, ids, params, seed)
+        params.check_vocab(self.model.cfg.vocab_size)
+        req = Request(rid, ids, params, seed, stop_ids=frozenset(self._stop_ids(params)))
         holdback = max((len(s) for s in params.stop or []), default=1) - 1
         self._tracks[rid] = _Track(req, text, IncrementalDetokenizer(self.tokenizer), holdback=holdback,
                                    stops=StopMatcher(params.stop) if params.stop else None,

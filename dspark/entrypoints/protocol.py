@@ -63,6 +63,9 @@ class _SamplingFields(_Strict):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0                        # vLLM's extensions, implemented (chapter 02a)
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -94,7 +97,7 @@ class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
 
-NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "echo": False}
+NEUTRAL = {"echo": False}
 MAX_N = 16                                  # most choices one prompt may ask for
 
 # %% ../../nbs/32_protocol.ipynb #f6bbf1f7
@@ -175,8 +178,8 @@ def check_unsupported(req: _Strict) -> None:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
-                    logprobs: int | None, choice: int = 0) -> SamplingParams:
-    "The engine's `SamplingParams` for one choice; ValueErrors name the field."
+                    logprobs: int | None, choice: int = 0, vocab_size: int | None = None) -> SamplingParams:
+    "The engine's `SamplingParams` for one choice; ValueErrors name the field (`logit_bias` ids checked against `vocab_size`)."
     room = max_model_len - prompt_len
     if max_tokens is None: max_tokens = room
     if max_tokens < 1: raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
@@ -190,9 +193,13 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
     if seed is not None and choice:
         seed = int.from_bytes(hashlib.blake2b(f"{seed}:{choice}".encode(), digest_size=8).digest(), "little") >> 1
     try:
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=-1 if req.top_k == 0 else req.top_k,
-                              max_tokens=max_tokens, seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
-                              ignore_eos=req.ignore_eos, logprobs=logprobs)
+        sp = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=-1 if req.top_k == 0 else req.top_k,
+                            max_tokens=max_tokens, seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+                            ignore_eos=req.ignore_eos, logprobs=logprobs, presence_penalty=req.presence_penalty,
+                            frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                            min_p=req.min_p, min_tokens=req.min_tokens, logit_bias=req.logit_bias)
+        if vocab_size is not None: sp.check_vocab(vocab_size)
+        return sp
     except ValueError as e:
         msg = str(e).removeprefix("SamplingParams.")
         raise APIError(400, msg, msg.split(":")[0]) from None

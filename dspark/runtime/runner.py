@@ -16,6 +16,7 @@ import torch
 from ..request import Request, all_plain_greedy
 from ..sample.rejection import SpecStats, verify_keyed
 from ..sample.sampling import RowParams, on_device, row_probs
+from ..sample.processors import processed_probs, round_histories
 from ..cache.kv_cache import PagedKVCache, SeqView, forward_cached
 from ..model.transformer import Transformer
 
@@ -116,7 +117,10 @@ class ModelRunner:
         """Rejection sampling for every verifying request of a step at once, on the device (chapter 03's
         `verify_keyed`): each request's `k + 1` rows and `k` draft distributions, padded to the step's largest `k`,
         each row processed with its own request's settings; one copy of `(accepted, next token)` to the host.
-        Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`."""
+        Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`. A request
+        with logit processors (chapter 02a) has its rows recomputed through the reference, row `j` with the round's
+        drafts before `j` in its history; its `q` stays the drafter's unprocessed proposal (exact: it is what the
+        drafts were drawn from), and such a request never takes a fused or captured path."""
         reqs = [r for r, _, _ in items]
         K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
         flat = torch.cat([rows for _, _, rows in items])
@@ -125,6 +129,11 @@ class ModelRunner:
                           for (r, k, _), s in zip(items, start)], torch.long, dev)
         rp = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev)
         p = row_probs(flat[ints[:, :K + 1].reshape(-1)], rp.repeat(K + 1)).view(len(items), K + 1, V)
+        if any(r.params.processed for r in reqs):                  # chapter 02a: each verify row with its own history
+            for i, (r, k, rows) in enumerate(items):
+                if not r.params.processed: continue
+                hist = round_histories(r.prompt_ids, r.output_ids, r.drafts[:k], k + 1)
+                p[i] = processed_probs(rows[:k + 1], r.params, hist, r.stop_ids)[torch.arange(K + 1, device=p.device).clamp(max=k)]
         drafts, n_drafts = ints[:, K + 3:], ints[:, K + 1]
         if K and any(k and not r.params.greedy for r, k, _ in items):      # sampled drafts to verify: their q
             q = self.proposer.draft_probs(reqs, K)

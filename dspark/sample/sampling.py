@@ -40,6 +40,12 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0              # vLLM's extensions (chapter 02a): history-dependent processors
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         def bad(name, msg): raise ValueError(f"SamplingParams.{name}: {msg}, got {getattr(self, name)!r:.80}")
@@ -63,6 +69,34 @@ class SamplingParams:
             bad("stop_token_ids", "must be a list of token ids >= 0")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] or None")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not is_num(getattr(self, name)) or not -2 <= getattr(self, name) <= 2: bad(name, "must be in [-2, 2]")
+        if not is_num(self.repetition_penalty) or not 0 < self.repetition_penalty <= F32_MAX:
+            bad("repetition_penalty", "must be a finite number > 0")
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1: bad("min_p", "must be in [0, 1]")
+        if not is_int(self.min_tokens) or self.min_tokens < 0: bad("min_tokens", "must be an integer >= 0")
+        if self.min_tokens > self.max_tokens: bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict): bad("logit_bias", "must map token ids to biases")
+            bias = {}
+            for k, v in self.logit_bias.items():
+                try: t = k if is_int(k) else int(k) if isinstance(k, str) else None
+                except ValueError: t = None
+                if t is None or not 0 <= t < 2**63: bad("logit_bias", f"key {k!r:.40} is not a token id")
+                if not is_num(v) or not -100 <= v <= 100: bad("logit_bias", f"bias of {k!r:.40} must be in [-100, 100]")
+                bias[t] = float(v)
+            self.logit_bias = bias or None
+
+    @property
+    def processed(self) -> bool:
+        "Whether any of vLLM's logit processors (chapter 02a) is on: such a request leaves every fused fast path."
+        return bool(self.logit_bias or self.min_tokens or self.min_p or self.presence_penalty
+                    or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        "A `ValueError` naming the field for token ids the model does not have (the engine calls it on arrival)."
+        if self.logit_bias and (bad := [t for t in self.logit_bias if t >= vocab_size]):
+            raise ValueError(f"SamplingParams.logit_bias: token id {bad[0]} is out of the vocabulary (size {vocab_size})")
 
     @property
     def greedy(self) -> bool: return self.temperature == 0
