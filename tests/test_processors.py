@@ -130,6 +130,19 @@ def test_greedy_min_tokens_and_bias_by_hand(pair):
         assert llm.generate(_prompts(1, seed=5), sp, use_tqdm=False)[0].outputs[0].token_ids == [9] * 5
 
 
+def test_stop_strings_wait_for_min_tokens(pair):
+    "As in vLLM, no stop condition ends a request before `min_tokens`: a stop string that the text starts with neither."
+    for llm in pair:
+        p = _prompts(1, seed=6)
+        text = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0].outputs[0].text
+        stop = text[:2]
+        assert stop and llm.generate(p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=[stop]),
+                                     use_tqdm=False)[0].outputs[0].text == ""
+        out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=[stop], min_tokens=5),
+                           use_tqdm=False)[0].outputs[0]
+        assert len(out.token_ids) >= 5 and out.text.startswith(stop), out
+
+
 class Oracle:
     "A proposer whose drafts are a known continuation (deterministic, so its q is one-hot): every draft is accepted."
     def __init__(self, seqs, V):

@@ -413,7 +413,7 @@ class EngineCore:
         r, sp = t.req, t.req.params
         if t.lazy: t.detok.extend(new)                        # decoded once, at the end (no stop strings to look for)
         else: t.text += t.detok.push(new)
-        cut = t.stops.find(t.text, t.sent) if t.stops else None   # a stop string cuts the text before it
+        cut = t.stops.find(t.text, t.sent) if t.stops and len(r.output_ids) >= sp.min_tokens else None   # a stop string cuts the text before it (not before min_tokens, as vLLM)
         if cut is not None:
             t.text = t.text[:cut]
             return "stop"
