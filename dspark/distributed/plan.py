@@ -16,6 +16,7 @@ from ..cache.kv_cache import cache_format, kv_bytes_per_token, plan_cache
 from ..config import ModelConfig
 from ..engine.core import RAGGED_GRAPH_TOKENS, default_block_size
 from ..model.checkpoint import KEEP_FP32, draft_shapes
+from ..model.reader import scale_shape
 from ..model.weights import quantized_as
 from ..model.transformer import Block, Transformer
 from ..runtime.memory import cache_bytes, memory_line, working_estimate
@@ -40,8 +41,8 @@ def stored_bytes(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> int:
     """Bytes of tensor `name` as stored: FP8 e4m3 is 1 B a value plus one E8M0 byte per 128x128 block, FP4 e2m1
     half a byte plus one E8M0 byte per 32 inputs, the rest their dtype's width."""
     n, fmt = math.prod(shape), stored_format(name, cfg)
-    if fmt == "fp8": return n + math.ceil(shape[0] / 128) * math.ceil(shape[1] / 128)
-    if fmt == "fp4": return n // 2 + shape[0] * math.ceil(shape[1] / 32)
+    if fmt == "fp8": return n + math.prod(scale_shape(torch.float8_e4m3fn, shape))       # the reader's scale rule
+    if fmt == "fp4": return n // 2 + math.prod(scale_shape(torch.int8, (shape[0], shape[1] // 2)))   # packed [O, I/2]
     return n * {"bf16": 2, "fp32": 4, "int64": 8}[fmt]
 
 # %% ../../nbs/31a_memory_plan.ipynb #a749b141
