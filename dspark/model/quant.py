@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 # %% auto #0
-__all__ = ['FP8_MAX', 'FP4_MAX', 'FP4_VALUES', 'KV_BLOCK', 'INDEX_BLOCK', 'e8m0_to_float', 'quantize_fp8', 'dequantize_fp8',
-           'quantize_fp4', 'dequantize_fp4', 'kv_row_layout', 'index_row_layout', 'quantize_kv_rows',
-           'dequantize_kv_rows', 'fake_quant_kv', 'hadamard', 'quantize_index_rows', 'dequantize_index_rows',
-           'fake_quant_index']
+__all__ = ['FP8_MAX', 'FP4_MAX', 'FP4_VALUES', 'ACT_BLOCK', 'KV_BLOCK', 'INDEX_BLOCK', 'e8m0_to_float', 'quantize_fp8',
+           'dequantize_fp8', 'quantize_fp4', 'dequantize_fp4', 'act_quant', 'act_dequant', 'kv_row_layout',
+           'index_row_layout', 'quantize_kv_rows', 'dequantize_kv_rows', 'fake_quant_kv', 'hadamard',
+           'quantize_index_rows', 'dequantize_index_rows', 'fake_quant_index']
 
 # %% ../../nbs/07_quant.ipynb #d3d7fcdb
 FP8_MAX, FP4_MAX = 448.0, 6.0
@@ -79,6 +79,22 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -
     codes = torch.stack((u & 0xF, u >> 4), dim=-1).flatten(-2)
     vals = _on("fp4", FP4_VALUES, u.device)[codes & 7] * (1 - 2 * (codes >> 3)).float()
     return vals * e8m0_to_float(scale).repeat_interleave(block, -1)
+
+# %% ../../nbs/07_quant.ipynb #aq02
+ACT_BLOCK = 128   # activations: one power-of-two scale per 1×128 group of a row
+
+def act_quant(x: torch.Tensor, block: int = ACT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x [..., K]` (K a multiple of `block`) -> (e4m3 codes `[..., K]`, fp32 power-of-two scales `[..., K/block]`):
+    each group's amax (at least 1e-4, as DeepSeek's kernel clamps it) over 448, rounded up to a power of two."""
+    if x.shape[-1] % block: raise ValueError(f"act_quant needs the last dim to be a multiple of {block}, got {x.shape[-1]}")
+    g = x.float().unflatten(-1, (-1, block))
+    s = torch.exp2(torch.ceil(torch.log2(g.abs().amax(-1).clamp_min(1e-4) / FP8_MAX)))
+    q = (g / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.flatten(-2), s
+
+def act_dequant(q: torch.Tensor, s: torch.Tensor, block: int = ACT_BLOCK) -> torch.Tensor:
+    "Inverse of `act_quant`, fp32."
+    return (q.float().unflatten(-1, (-1, block)) * s[..., None]).flatten(-2)
 
 # %% ../../nbs/07_quant.ipynb #444144e7
 KV_BLOCK, INDEX_BLOCK = 64, 32     # FP8 block of the KV nope channels; FP4 block of the indexer q/k
