@@ -220,3 +220,25 @@ def test_quantization_argument(tiny_ckpt):
     if importlib.util.find_spec("dspark.model.weights") is None:     # the as-stored weight objects are not built in
         with pytest.raises(ValueError, match="quantization='auto' needs dspark.model.weights"):
             dspark.load_target(tiny_ckpt, quantization="auto")
+
+
+def test_direct_reads_equal_safetensors_reads(fp8_ckpt):
+    "The `pread` path gives the same bytes as safetensors' own reader: whole tensors, row slices and column slices."
+    fast, ref = CheckpointReader(fp8_ckpt), CheckpointReader(fp8_ckpt, direct=False)
+    for k in fast.keys():
+        a, b = fast.get(k), ref.get(k)
+        assert a.dtype == b.dtype and a.shape == b.shape, k
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.element_size() == 1 else torch.equal(a, b), k
+        if a.dim() == 2 and a.shape[0] > 2 and a.shape[1] > 2:
+            for sl in ((0, 1, a.shape[0] - 1), (1, 1, a.shape[1] - 1)):
+                x, y = fast.get(k, sl), ref.get(k, sl)
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), (k, sl)
+    assert fast.bytes_read == ref.bytes_read
+
+
+def test_truncated_shard_is_refused_at_open(fp8_ckpt, tmp_path):
+    d = tmp_path / "cut"; shutil.copytree(fp8_ckpt, d)
+    shard = sorted(d.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="truncated"):
+        CheckpointReader(d)

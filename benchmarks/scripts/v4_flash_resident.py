@@ -34,6 +34,11 @@ def emit(name: str, res: dict) -> None:
     if os.environ.get("OUT"): Path(os.environ["OUT"], f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
 
 
+def byte_sum(t: torch.Tensor) -> int:
+    "An exact checksum of a tensor's bytes (a float sum would depend on the device's summation order)."
+    return int(t.contiguous().view(-1).view(torch.uint8).sum(dtype=torch.int64))
+
+
 def peak_host_gib() -> float:
     "This process's peak resident set (Linux reports KiB)."
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -116,7 +121,7 @@ def write(a) -> None:
         total, largest = total + size, max(largest, (out / name).stat().st_size)
         weight_map.update({k: name for k in keys})
         for k in keys[:: max(1, len(keys) // 8)]:        # a few checksums a shard, checked after the load
-            sums[k] = int(part[k].view(torch.uint8).sum()) if part[k].element_size() == 1 else float(part[k].double().sum())
+            sums[k] = byte_sum(part[k])
         del part
     save_config(cfg, out)
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
@@ -142,13 +147,18 @@ def load(a) -> None:
     t0 = time.perf_counter()
     subprocess.run(["dd", f"if={big}", "of=/dev/null", "bs=16M"], check=True, capture_output=True)
     disk = big.stat().st_size / (time.perf_counter() - t0)
-    for p in shards: evict(p)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cuda": torch.cuda.init(); torch.empty(1, device=dev)
     base = peak_host_gib()
     res = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "disk_read_GBps_dd_largest_shard": round(disk / 1e9, 2),
            "largest_shard_bytes": big.stat().st_size, "host_before_load_gib": round(base, 2)}
-    for run in ("cold", "warm"):                     # cold: evicted above; warm: the files now in the page cache
+    import dspark.model.checkpoint as ck
+    from dspark.model.reader import CheckpointReader
+    for run in (a.runs or "cold,warm").split(","):   # cold: evicted first; warm: the files in the page cache
+        direct = not run.endswith("_mmap")         # *_mmap: safetensors' memory-mapped reader, for comparison
+        ck.CheckpointReader = lambda path, device="cpu": CheckpointReader(path, device, direct=direct)
+        if run.startswith("cold"):
+            for p in shards: evict(p)
         if dev == "cuda": torch.cuda.synchronize()
         t0 = time.perf_counter()
         model = load_target(d, dev, "bfloat16", quantization="auto", progress=False)
@@ -159,14 +169,14 @@ def load(a) -> None:
                     "peak_host_gib": round(peak_host_gib(), 2)}
         if run == "cold":
             sums, state = json.loads((d / "checksums.json").read_text()), model.state_dict()
-            bad = [k for k, v in sums.items() if (int(state[k].view(torch.uint8).sum()) if state[k].element_size() == 1
-                                                  else float(state[k].double().sum())) != v]
+            bad = [k for k, v in sums.items() if byte_sum(state[k]) != v]
             res["checksums_checked"], res["checksums_bad"] = len(sums), bad[:5]
         del model
         if dev == "cuda": torch.cuda.empty_cache()
     res["host_budget_gib"] = round(2 * big.stat().st_size / 2**30 + 4, 2)     # 2x the largest shard plus a few GiB
-    res["within_budget"] = res["cold"]["peak_host_gib"] <= res["host_budget_gib"]
-    emit("load", res)
+    res["within_budget"] = {r: v["peak_host_gib"] <= res["host_budget_gib"] for r, v in res.items()
+                            if isinstance(v, dict) and "peak_host_gib" in v}
+    emit(f"load_{a.runs.replace(',', '_')}" if a.runs else "load", res)
 
 
 if __name__ == "__main__":
@@ -179,5 +189,6 @@ if __name__ == "__main__":
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--runs", default="", help="load: comma-separated cold,warm,cold_mmap,warm_mmap (own process each for a fair peak)")
     a = ap.parse_args()
     {"resident": resident, "write": write, "load": load}[a.command](a)

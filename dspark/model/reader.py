@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import os
+import struct
 import sys
 import weakref
 from pathlib import Path
@@ -22,8 +24,9 @@ from tqdm import tqdm
 from .quant import dequantize_fp4, dequantize_fp8, e8m0_to_float
 
 # %% auto #0
-__all__ = ['ST_DTYPES', 'QUANTIZED', 'SCALE_DTYPES', 'STORED', 'CheckpointError', 'shard_files', 'CheckpointReader', 'scale_name',
-           'scale_shape', 'logical_shape', 'quant_problems', 'scale_slice', 'dequantize_part', 'assign', 'stream_state']
+__all__ = ['ST_DTYPES', 'STAGE_BYTES', 'QUANTIZED', 'SCALE_DTYPES', 'STORED', 'CheckpointError', 'shard_files', 'RawShard',
+           'CheckpointReader', 'scale_name', 'scale_shape', 'logical_shape', 'quant_problems', 'scale_slice',
+           'dequantize_part', 'assign', 'stream_state']
 
 # %% ../../nbs/07b_reader.ipynb #6c28bbba
 class CheckpointError(ValueError):
@@ -49,46 +52,115 @@ ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16,
              "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 # %% ../../nbs/07b_reader.ipynb #41a1be76
+class RawShard:
+    """One safetensors file read with plain `pread`s: the header (8-byte length, JSON) gives each tensor's dtype, shape
+    and byte range, and `read(name, out, first, nbytes)` copies bytes of a tensor into a host buffer. No memory map:
+    a mapped file's pages count as the process's resident memory while they stay mapped, so a loader that maps every
+    shard holds the whole checkpoint 'in memory' by the end; reads into a reused buffer hold one buffer."""
+    def __init__(self, path: Path):
+        self.path, self.fd = path, os.open(path, os.O_RDONLY)
+        try:
+            head = os.pread(self.fd, 8, 0)
+            if len(head) < 8: raise CheckpointError(f"{path} is not a safetensors file (shorter than its header length)")
+            (n,) = struct.unpack("<Q", head)
+            try: header = json.loads(os.pread(self.fd, n, 8))
+            except (ValueError, UnicodeDecodeError) as e: raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except BaseException: self.close(); raise
+        self.base = 8 + n
+        self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        end, size = self.base + max((v["data_offsets"][1] for v in self.entries.values()), default=0), os.fstat(self.fd).st_size
+        if end > size:
+            self.close()
+            raise CheckpointError(f"{path} is truncated: its header describes {end:,} bytes, the file has {size:,}")
+
+    def offset(self, name: str) -> int: return self.base + self.entries[name]["data_offsets"][0]
+
+    def read(self, name: str, out: memoryview, first: int = 0) -> None:
+        "Fill `out` with the tensor's bytes from byte `first` of its data on (short reads are resumed)."
+        at, done = self.offset(name) + first, 0
+        while done < len(out):
+            got = os.preadv(self.fd, [out[done:]], at + done)
+            if got <= 0: raise CheckpointError(f"{self.path} ends inside tensor {name}")
+            done += got
+
+    def close(self) -> None:
+        if self.fd >= 0: os.close(self.fd); self.fd = -1
+    def __del__(self): self.close()
+
+STAGE_BYTES = 64 * 2**20   # one pinned staging buffer; two alternate, so a disk read overlaps the last copy up
+
 class CheckpointReader:
     """Tensor-by-tensor access to a sharded safetensors checkpoint: the key -> shard map comes from the shard
-    headers alone; `get` reads one tensor (or one slice of it) straight to `device`. It counts the bytes it read,
-    and, through weak references, how many of the tensors it handed out are still alive (`peak_live`)."""
-    def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        self.path, self.device = Path(path), torch.device(device)
+    headers alone; `get` reads one tensor (or one slice of it) straight to `device`. A whole tensor, or a slice
+    along its first dimension (contiguous bytes), is read with `pread` -- into the tensor itself on the CPU, or
+    through two pinned 64 MiB buffers on a GPU, each copy up overlapping the next read -- so host memory stays at
+    those buffers whatever the checkpoint's size; other slices go through safetensors' own slicing. It counts the
+    bytes it read, and, through weak references, how many of the tensors it handed out are still alive
+    (`peak_live`). `direct=False` reads everything through safetensors (the comparison in the chapter)."""
+    def __init__(self, path: str | Path, device: str | torch.device = "cpu", direct: bool = True):
+        self.path, self.device, self.direct = Path(path), torch.device(device), direct
         self.bytes_read = self.tensors_read = self.live = self.peak_live = self.peak_live_bytes = self.live_bytes = 0
-        self._files, self._where, self._meta = {}, {}, {}
+        self._files, self._raw, self._where, self._meta, self._stage = {}, {}, {}, {}, None
         for f in shard_files(self.path):
-            sf = safe_open(f, framework="pt", device=str(self.device))
-            self._files[f] = sf
-            for k in sf.keys():
+            raw = self._raw[f] = RawShard(f)
+            for k, v in raw.entries.items():
                 if k in self._where: raise CheckpointError(f"tensor {k} appears in more than one shard")
-                sl = sf.get_slice(k)
-                self._where[k], self._meta[k] = f, (ST_DTYPES.get(sl.get_dtype(), sl.get_dtype()), tuple(sl.get_shape()))
+                self._where[k], self._meta[k] = f, (ST_DTYPES.get(v["dtype"], v["dtype"]), tuple(v["shape"]))
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
-    def close(self) -> None: self._files.clear()
+    def close(self) -> None:
+        for raw in self._raw.values(): raw.close()
+        self._files.clear(); self._stage = None
     def __contains__(self, name: str) -> bool: return name in self._where
 
     def keys(self) -> list[str]: return list(self._where)
     def shard(self, name: str) -> Path: return self._where[name]
+    def offset(self, name: str) -> int: return self._raw[self._where[name]].offset(name)
     def dtype(self, name: str) -> torch.dtype: return self._meta[name][0]
     def shape(self, name: str) -> tuple[int, ...]: return self._meta[name][1]
 
     def get(self, name: str, slice: tuple[int, int, int] | None = None) -> torch.Tensor:
         "Tensor `name` as stored, or only `[start, stop)` along `dim` for `slice=(dim, start, stop)`."
         if name not in self._where: raise CheckpointError(f"tensor {name} is not in checkpoint {self.path}")
-        sf = self._files[self._where[name]]
-        if slice is None: t = sf.get_tensor(name)
+        if self.direct and (slice is None or slice[0] == 0): t = self._read(name, slice)
         else:
-            dim, start, stop = slice
-            t = sf.get_slice(name)[(builtins.slice(None),) * dim + (builtins.slice(start, stop),)]
+            f = self._where[name]
+            if f not in self._files: self._files[f] = safe_open(f, framework="pt", device=str(self.device))
+            sf = self._files[f]
+            if slice is None: t = sf.get_tensor(name)
+            else:
+                dim, start, stop = slice
+                t = sf.get_slice(name)[(builtins.slice(None),) * dim + (builtins.slice(start, stop),)]
         n = t.numel() * t.element_size()
         self.bytes_read += n; self.tensors_read += 1
         self.live += 1; self.live_bytes += n
         self.peak_live, self.peak_live_bytes = max(self.peak_live, self.live), max(self.peak_live_bytes, self.live_bytes)
         weakref.finalize(t, self._release, n)
         return t
+
+    def _read(self, name: str, sl) -> torch.Tensor:
+        "Whole tensor or rows `[start, stop)`, by `pread` (see the class)."
+        dtype, shape = self._meta[name]
+        row = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
+        first, shape = (0, shape) if sl is None else (sl[1] * row, (sl[2] - sl[1], *shape[1:]))
+        out = torch.empty(shape, dtype=dtype, device=self.device)
+        flat = out.view(-1).view(torch.uint8) if out.numel() else out.view(torch.uint8)
+        raw = self._raw[self._where[name]]
+        if self.device.type == "cpu":
+            raw.read(name, memoryview(flat.numpy()), first); return out
+        if self._stage is None:
+            self._stage = [(torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True), None) for _ in range(2)]
+        for i, a in enumerate(range(0, flat.numel(), STAGE_BYTES)):
+            n = min(STAGE_BYTES, flat.numel() - a)
+            buf, done = self._stage[i % 2]
+            if done is not None: done.synchronize()             # its last copy up has finished reading it
+            raw.read(name, memoryview(buf.numpy())[:n], first + a)
+            flat[a:a + n].copy_(buf[:n], non_blocking=True)
+            ev = torch.cuda.Event(); ev.record()
+            self._stage[i % 2] = (buf, ev)
+        return out
 
     def _release(self, n: int) -> None: self.live -= 1; self.live_bytes -= n
 
@@ -207,7 +279,7 @@ def stream_state(module: nn.Module, reader: CheckpointReader, what: str, source:
     problems = quant_problems(reader, scope)
     plan, more = _plan(module, reader, source or {}, scope)
     if problems + more: raise CheckpointError(f"{what} does not match its config: " + "; ".join(problems + more))
-    plan.sort(key=lambda p: (str(reader.shard(p[2])), p[2]))                # shard by shard
+    plan.sort(key=lambda p: (str(reader.shard(p[2])), reader.offset(p[2])))   # shard by shard, in file order
     show = sys.stderr.isatty() if progress is None else progress
     bad = []
     for k, e, name, sl, deq in tqdm(plan, desc=f"loading {reader.path.name}", unit="tensor", file=sys.stderr,
