@@ -53,9 +53,7 @@ def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
         y += (xq[:, k].float() @ weight[:, k].float().T) * xs[:, b, None] * ws[None, :, b]
     return y.to(x.dtype).view(*x.shape[:-1], O)
 
-# %% ../../nbs/18a_kernels_fp8.ipynb #f808a8a9
-_RNE = 12582912.0   # 1.5 · 2^23: adding and subtracting it rounds an fp32 of magnitude < 2^22 to an integer, ties to even
-
+# %% ../../nbs/18a_kernels_fp8.ipynb #f808bbf0
 @triton.jit
 def _quant_slab(xv, FMAX: tl.constexpr):
     """`act_quant` of a `[rows, 128]` fp32 slab: (the e4m3 values, still fp32 and exact, and the `[rows]` power-of-two
@@ -66,7 +64,8 @@ def _quant_slab(xv, FMAX: tl.constexpr):
     v = tl.clamp(xv / xs[:, None], -FMAX, FMAX)
     e = tl.maximum((v.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)
     step = ((e - 3) << 23).to(tl.float32, bitcast=True)
-    return ((v / step + _RNE) - _RNE) * step, xs
+    r = (v / step + 12582912.0) - 12582912.0        # 1.5 · 2^23: rounds |t| < 2^22 to an integer, ties to even
+    return r * step, xs
 
 @triton.jit
 def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT,
