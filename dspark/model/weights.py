@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layers import fast_kernel_ok
 from .quant import FP4_VALUES, FP8_MAX, quantize_fp4, quantize_fp8
 
 # %% auto #0
@@ -49,8 +50,13 @@ BLOCK = 128   # FP8 weights: one scale per 128×128 block
 class StoredLinear(nn.Module):
     """What `FP8Linear` and `FP4Linear` share: `forward(x)` is a GEMM with `dequantized(x.dtype)`, and the stored
     tensors keep their dtypes: `model.to(device)` moves them, `model.to(dtype)` or `.half()` is refused (it would cast
-    the codes and scales as if they were values)."""
+    the codes and scales as if they were values). `fast`, when the runtime sets it on a module, is a kernel
+    `fast(x, weight, scale) -> y` computing the same product from the stored tensors (chapter 18a's `fp8_linear` for
+    an `FP8Linear`); it stands in at inference (`fast_kernel_ok`) for an `x` on the weights' device."""
+    fast = None
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fast_kernel_ok(self.fast) and x.device == self.weight.device:
+            return self.fast(x, self.weight, self.scale)
         return F.linear(x, self.dequantized(x.dtype))
 
     def _apply(self, fn, recurse=True):
