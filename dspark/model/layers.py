@@ -268,6 +268,7 @@ class MoE(nn.Module):
     first = 0       # global id of `experts[0]`: an expert-parallel shard holds experts [first, first + len(experts))
     impl = "loop"   # the routed path: "loop" (this reference), or the sync-free "grouped" / "dense" (next section)
     small, small_pairs = None, 0   # the GPU fast path's two-launch kernel for up to `small_pairs` (token, expert) pairs
+    fp4 = None      # the fast path's `fp4(x, weights, idx, moe)`: fp32 routed sum of FP4 experts as stored (chapter 18b)
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         return self.partial(x, input_ids, x.dtype).reshape(x.shape)
@@ -278,8 +279,9 @@ class MoE(nn.Module):
         x = x.reshape(-1, x.shape[-1])
         weights, idx = self.gate(x, input_ids)
         shared = self.shared_experts(x)
-        if self.impl != "loop" and not is_batch_invariant() and not self._grad_reaches_experts():
-            routed = routed_sync_free(self, x, weights, idx)              # fp32
+        fp4 = fast_kernel_ok(self.fp4) and not plain_experts(self)
+        if fp4 or self.impl != "loop" and not is_batch_invariant() and not self._grad_reaches_experts():
+            routed = self.fp4(x, weights, idx, self) if fp4 else routed_sync_free(self, x, weights, idx)   # fp32
             # one launch: the add runs in fp32 (type promotion) and rounds once into `dtype`
             return torch.add(shared, routed, out=torch.empty(routed.shape, dtype=dtype, device=routed.device))
         out = shared.float()
