@@ -136,6 +136,8 @@ class EngineCore:
         self.model_path, self.speculative = Path(model), speculative
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
         drafter = self._load_drafter(model, speculative)
+        if str(device).startswith("cuda") and quantization == "auto":     # FP8/FP4 kernels, also when eager
+            from dspark.runtime.graphs import stored_kernels; log.info(stored_kernels(self.model, drafter))
         if fp8_draft_head:
             if speculative != "dspark": raise ValueError("fp8_draft_head applies to the DSpark drafter: set speculative='dspark'")
             log.info(drafter.use_fp8_head())

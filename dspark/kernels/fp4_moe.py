@@ -291,8 +291,10 @@ def fp4_moe_sorted(x, weights, idx, st: FP4Stack, first: int, limit: float) -> t
 FP4_SMALL_PAIRS = 384   # the most (token, expert) pairs `fp4_moe` sends to the two launches: a first choice
 
 def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float, small_pairs: int = FP4_SMALL_PAIRS) -> torch.Tensor:
-    "The routed experts' sum, fp32 `[N, D]`: the two launches up to `small_pairs` pairs, else the sorted path."
-    if idx.numel() <= small_pairs: return fp4_moe_small(x, weights, idx, st, first, limit)
+    """The routed experts' sum, fp32 `[N, D]`: the two launches up to `small_pairs` pairs, else the sorted path. Inside a
+    CUDA-graph capture always the two launches: the sorted path reads group sizes on the host, which a capture forbids."""
+    if idx.numel() <= small_pairs or torch.cuda.is_current_stream_capturing():
+        return fp4_moe_small(x, weights, idx, st, first, limit)
     return fp4_moe_sorted(x, weights, idx, st, first, limit)
 
 def fp4_moe_layer(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, moe) -> torch.Tensor:

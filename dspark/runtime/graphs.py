@@ -18,6 +18,8 @@ import torch
 
 from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
+from ..kernels.fp8 import fp8_linear, fp8_linear_check
+from ..kernels.fp4_moe import fp4_moe_check, fp4_moe_layer, stack_fp4_experts
 from ..kernels.fused import qkv_rope_insert_
 from ..kernels.round import window_triton
 from ..kernels.step import rms_norm_fused, router_fused, swiglu_fused
@@ -31,11 +33,13 @@ from ..timing import capture_graphs, device_ms
 from .buffers import HostStage, StepBuffers, fill_buffers
 from .static import StepOutputs, forward_static, x_linears
 from .memory import free_bytes
+from ..model.weights import FP8Linear
 
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'bucket_sizes', 'ragged_bucket_sizes', 'fast_path', 'Rows', 'GraphRunner', 'DraftGraphs', 'DraftStep']
+__all__ = ['log', 'bucket_sizes', 'ragged_bucket_sizes', 'stored_kernels', 'fast_path', 'Rows', 'GraphRunner', 'DraftGraphs',
+           'DraftStep']
 
 # %% ../../nbs/22_cuda_graphs.ipynb #5ce9597a
 def bucket_sizes(max_tokens: int) -> list[int]:
@@ -55,6 +59,27 @@ def ragged_bucket_sizes(max_tokens: int) -> list[int]:
     return out + [max_tokens] if max_tokens > 0 else []
 
 # %% ../../nbs/22_cuda_graphs.ipynb #f7063f84
+def stored_kernels(*models) -> str:
+    """On a GPU, switch the weights `models` keep as stored to their kernels: every `FP8Linear` to `fp8_linear`
+    (chapter 18a), every MoE of FP4 experts to `fp4_moe_layer` over its stacked experts (chapter 18b) -- each family
+    only once its check agrees with the reference on this device, else it keeps dequantising (and the reason is
+    returned). Returns one line for the log ('' when nothing is stored or nothing is on a GPU)."""
+    mods = [m for model in models if model is not None for m in model.modules()]
+    fp8 = [m for m in mods if isinstance(m, FP8Linear) and m.weight.is_cuda]
+    moes = [m for m in mods if isinstance(m, MoE) and not plain_experts(m) and m.experts[0].w1.weight.is_cuda]
+    said = []
+    if fp8:
+        why = fp8_linear_check(fp8[0].weight.device)
+        for m in fp8: m.fast = None if why else fp8_linear
+        said.append(f"{len(fp8)} FP8 linears: " + (f"dequantised, the kernel is off ({why})" if why else "fp8_linear"))
+    if moes:
+        why = fp4_moe_check(moes[0].experts[0].w1.weight.device)
+        for m in moes:
+            if why is None: stack_fp4_experts(m)
+            m.fp4 = None if why else fp4_moe_layer
+        said.append(f"{len(moes)} FP4 MoE layers: " + (f"per-expert loop, the kernel is off ({why})" if why else "fp4_moe"))
+    return "; ".join(said)
+
 def fast_path(model) -> tuple[Callable, Callable, Callable]:
     """Switch `model` to its sync-free MoE and return the (pre, post, head) mHC functions a captured step should
     use: on a GPU the fused kernels of `kernels_hc` (one GEMM + one launch instead of ~140 launches for `hc_pre`).
@@ -65,6 +90,7 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 13), its attention and greedy Markov
     loop theirs (chapter 17) once `draft_kernels_check` finds them in agreement with their references on the device."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
+    stored_kernels(model)                                  # FP8 linears and FP4 experts kept as stored (chapter 07a)
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
         if isinstance(m, Attention): m.inv_freq = m.inv_freq.to(w.device)
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
