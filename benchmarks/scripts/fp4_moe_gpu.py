@@ -1,6 +1,6 @@
 """Chapter 18b's FP4 MoE on the GPU at V4-Flash's expert shapes (D 4096, I 2048, 256 experts, top-6), random routing:
 parity with `fp4_moe_ref` (max |y - ref| / max |ref|, on the first tokens at large N), µs a call (the two launches in
-a replayed CUDA graph; the sorted prefill path, which reads the host, eagerly), TB/s of the selected experts' FP4
+a replayed CUDA graph), for the grouped tensor-core path (the best of a few tiles) and the first CUDA-core kernel, TB/s of the selected experts' FP4
 bytes (distinct experts hit x 3 matrices, codes and scales), TFLOP/s, the best of a few tiles; chapter 18's bf16
 kernels on dense stacks of 32 experts and the FP4 kernel on the same 32 for comparison; a copy-bandwidth baseline.
 
@@ -11,7 +11,7 @@ import argparse, datetime, json, os, platform, sys, time, traceback
 
 import torch
 
-from dspark.kernels.fp4_moe import (FP4Stack, fp4_down, fp4_moe_ref, fp4_moe_small, fp4_moe_sorted, fp4_up)
+from dspark.kernels.fp4_moe import (FP4Stack, fp4_down, fp4_moe_grouped, fp4_moe_ref, fp4_moe_small, fp4_up)
 from dspark.kernels.moe import small_moe_triton
 from dspark.model.layers import StackedExperts, grouped_experts
 from dspark.tools.records import git_commit
@@ -25,7 +25,8 @@ dev = "cpu" if SMOKE else "cuda"
 D, I, E, K = (256, 128, 8, 2) if SMOKE else (4096, 2048, 256, 6)
 E_BF16 = 4 if SMOKE else 32
 TOKENS = (1, 4) if SMOKE else (1, 16, 64, 256, 4096)
-SMALL_MAX, SORTED_MIN, REF_TOKENS = (4, 1, 4) if SMOKE else (256, 64, 8)
+SMALL_MAX, REF_TOKENS = (4, 4) if SMOKE else (16, 8)
+GROUPED_TILES = ((16, 64),) if SMOKE else ((16, 64), (16, 128), (32, 64), (64, 64), (64, 128))   # (block of pairs, BN down)
 UP_TILES, DOWN_TILES = ((16,), (32,)) if SMOKE else ((8, 16, 32), (16, 32, 64))
 LIMIT = 10.0
 g = torch.Generator(device=dev).manual_seed(0)
@@ -92,12 +93,14 @@ for N in TOKENS:
                     "up_us": {str(k): round(v, 2) for k, v in up.items()},
                     "down_us": {str(k): round(v, 2) for k, v in down.items()}, "max_rel_err": err, **stats(us, idx)}
         case(f"fp4_small N={N}", small)
-    if N >= SORTED_MIN:
-        def sorted_path(N=N, x=x, w=w, idx=idx, ref=ref):
-            us = timed_us(lambda: fp4_moe_sorted(x, w, idx, st, 0, LIMIT), graph=False)
-            err = rel_err(fp4_moe_sorted(x[sub], w[sub], idx[sub], st, 0, LIMIT), ref)
-            return {"path": "fp4_sorted", "tokens": N, "pairs": N * K, "max_rel_err": err, **stats(us, idx)}
-        case(f"fp4_sorted N={N}", sorted_path)
+    def grouped(N=N, x=x, w=w, idx=idx, ref=ref):
+        tiles = [t for t in GROUPED_TILES if t[0] <= max(16, N * K // 8)]
+        us = {t: timed_us(lambda: fp4_moe_grouped(x, w, idx, st, 0, LIMIT, *t)) for t in tiles}
+        best = min(us, key=us.get)
+        err = rel_err(fp4_moe_grouped(x[sub], w[sub], idx[sub], st, 0, LIMIT, *best), ref)
+        return {"path": "fp4_grouped", "tokens": N, "pairs": N * K, "tile": list(best),
+                "tiles_us": {str(k): round(v, 2) for k, v in us.items()}, "max_rel_err": err, **stats(us[best], idx)}
+    case(f"fp4_grouped N={N}", grouped)
     del x, w, idx, ref
 
 # the same kernel and chapter 18's bf16 kernels on 32 experts (256 bf16 experts would not fit): same routing
@@ -110,8 +113,8 @@ def dense_stacks():
 case("bf16 stacks", dense_stacks)
 for N in TOKENS[:-1] if not SMOKE else TOKENS:
     x, w, idx = routing(N, E_BF16)
-    case(f"fp4_small E={E_BF16} N={N}", lambda: {"path": "fp4_small_e32", "tokens": N, "pairs": N * K,
-                                                **stats(timed_us(lambda: fp4_moe_small(x, w, idx, st, 0, LIMIT)), idx)})
+    case(f"fp4_grouped E={E_BF16} N={N}", lambda: {"path": "fp4_grouped_e32", "tokens": N, "pairs": N * K,
+                                                  **stats(timed_us(lambda: fp4_moe_grouped(x, w, idx, st, 0, LIMIT)), idx)})
     if "st" in bf:
         sb = bf["st"]
         case(f"bf16_small E={E_BF16} N={N}", lambda: {"path": "bf16_small", "tokens": N, "pairs": N * K, **stats(

@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/kernels_fp4_moe.html.md"""
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0003
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -22,9 +23,9 @@ import triton.language as tl
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_dequant, act_quant, dequantize_fp4
 
 # %% auto #0
-__all__ = ['FP4_UP_TILE', 'FP4_DOWN_TILE', 'FP4_SMALL_PAIRS', 'FP4Stack', 'stack_fp4_experts', 'fp4_up_ref', 'fp4_down_ref',
-           'fp4_moe_ref', 'fp4_up', 'fp4_down', 'fp4_moe_small', 'fp4_moe_sorted', 'fp4_moe', 'fp4_moe_layer',
-           'fp4_moe_check', 'fp4_case']
+__all__ = ['FP4_UP_TILE', 'FP4_DOWN_TILE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4Stack', 'stack_fp4_experts', 'fp4_up_ref',
+           'fp4_down_ref', 'fp4_moe_ref', 'fp4_up', 'fp4_down', 'fp4_moe_small', 'fp4_moe_sorted', 'fp4_moe_grouped',
+           'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
 @dataclass
@@ -288,14 +289,113 @@ def fp4_moe_sorted(x, weights, idx, st: FP4Stack, first: int, limit: float) -> t
         y.index_add_(0, rows // k, _qdq(h) @ dequantize_fp4(st.w2[e], st.s2[e]).T)
     return y
 
-FP4_SMALL_PAIRS = 384   # the most (token, expert) pairs `fp4_moe` sends to the two launches: a first choice
+@triton.jit
+def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr):
+    """`[BN, 64]` packed bytes of FP4 rows -> their low-nibble (even inputs) and high-nibble (odd inputs) values times
+    the rows' per-32 scales, each `[BN, 64]` bf16 -- exact: an E2M1 value times a power of two fits bf16 (fp32 under
+    the interpreter, whose bf16 `tl.dot` is wrong: the same values)."""
+    byte = tl.load(w_ptrs, mask=rm[:, None], other=0).to(tl.int32) & 0xFF
+    sc = tl.reshape(_e8m0(s_ptrs, rm[:, None]), (BN, 4, 1))        # 4 scales: 16 bytes (32 inputs) each
+    lo = tl.reshape(tl.reshape(_e2m1(byte & 15), (BN, 4, 16)) * sc, (BN, 64))
+    hi = tl.reshape(tl.reshape(_e2m1(byte >> 4), (BN, 4, 16)) * sc, (BN, 64))
+    if F32: return lo, hi
+    return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
-def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float, small_pairs: int = FP4_SMALL_PAIRS) -> torch.Tensor:
-    """The routed experts' sum, fp32 `[N, D]`: the two launches up to `small_pairs` pairs, else the sorted path. Inside a
-    CUDA-graph capture always the two launches: the sorted path reads group sizes on the host, which a capture forbids."""
-    if idx.numel() <= small_pairs or torch.cuda.is_current_stream_capturing():
-        return fp4_moe_small(x, weights, idx, st, first, limit)
-    return fp4_moe_sorted(x, weights, idx, st, first, limit)
+@triton.jit
+def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
+                        UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr):
+    """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
+    of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
+    pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
+    BN rows of w1 and the same rows of w3, the epilogue the clamped SwiGLU times the routing weight, then each row's
+    128-group `act_quant`ed and back (BN = 128) into `out [pairs, I]` bf16; else fp32 rows into `out [pairs, NOUT]`."""
+    b, t = tl.program_id(0), tl.program_id(1)
+    e = tl.load(bexp_ptr + b).to(tl.int64)
+    if e < 0: return                                       # a block past the last expert's: nothing to do
+    m = tl.arange(0, BM)
+    pair = tl.load(rows_ptr + b * BM + m)
+    pm = pair >= 0
+    arow = tl.where(pm, pair // a_div, 0).to(tl.int64)
+    n = t * BN + tl.arange(0, BN)
+    rm = n < NOUT
+    j = tl.arange(0, 64)
+    w_rows = w_ptr + (e * (2 * NOUT if UP else NOUT) + n) * (K // 2)
+    s_rows = s_ptr + (e * (2 * NOUT if UP else NOUT) + n) * (K // 32)
+    acc = tl.zeros([BM, BN], tl.float32)
+    acc2 = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, 128):
+        a_even = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :], mask=pm[:, None], other=0.0)
+        a_odd = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :] + 1, mask=pm[:, None], other=0.0)
+        if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
+        lo, hi = _fp4_tile(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32)
+        acc = tl.dot(a_even, tl.trans(lo), acc)
+        acc = tl.dot(a_odd, tl.trans(hi), acc)
+        if UP:                                             # the matching rows of w3, NOUT rows further on
+            lo, hi = _fp4_tile(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
+                               s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32)
+            acc2 = tl.dot(a_even, tl.trans(lo), acc2)
+            acc2 = tl.dot(a_odd, tl.trans(hi), acc2)
+    pid = tl.where(pm, pair, 0).to(tl.int64)
+    if UP:
+        wt = tl.load(wt_ptr + pid, mask=pm, other=0.0).to(tl.float32)
+        gate = tl.minimum(acc, limit, propagate_nan=tl.PropagateNan.ALL)
+        up = tl.clamp(acc2, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
+        h = gate / (1.0 + tl.exp(-gate)) * up * wt[:, None]
+        sx = _pow2(_act_scale_exp(tl.max(tl.abs(h), 1)))   # this row's 128-group: its act_quant scale
+        hq = _e4m3(tl.clamp(h / sx[:, None], -448.0, 448.0)) * sx[:, None]
+        tl.store(out_ptr + pid[:, None] * I + n[None, :], hq.to(tl.bfloat16), mask=pm[:, None] & rm[None, :])
+    else:
+        tl.store(out_ptr + pid[:, None] * NOUT + n[None, :], acc, mask=pm[:, None] & rm[None, :])
+
+def _align(idx: torch.Tensor, first: int, E: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs grouped by local expert in blocks of `bm`, on the device with no host read (capturable): `rows
+    [blocks · bm]` pair ids (-1 pads), `bexp [blocks]` each block's expert (-1 past the last). `blocks` is a bound
+    known from the shapes alone: one partial block per hit expert plus the full ones."""
+    P = idx.numel()
+    local = _local(idx, first, E)
+    blocks = triton.cdiv(P, bm) + min(P, E)
+    counts = torch.bincount(local, minlength=E + 1)[:E]
+    padded = (counts + bm - 1) // bm * bm
+    pend = torch.cumsum(padded, 0)
+    order = torch.argsort(local, stable=True)
+    e_sorted = local[order]
+    cstart = torch.cumsum(counts, 0) - counts
+    valid = e_sorted < E
+    es = torch.where(valid, e_sorted, 0)
+    dest = torch.where(valid, pend[es] - padded[es] + torch.arange(P, device=idx.device) - cstart[es], blocks * bm)
+    rows = torch.full((blocks * bm + 1,), -1, dtype=torch.int32, device=idx.device)
+    rows.scatter_(0, dest, order.to(torch.int32))
+    bexp = torch.searchsorted(pend, torch.arange(blocks, device=idx.device) * bm, right=True)
+    bexp = torch.where(bexp < E, bexp, -1).to(torch.int32)
+    return rows[:-1], bexp
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+FP4_BM, FP4_BN_UP, FP4_BN_DOWN = 16, 128, 64   # tiles of the grouped launches (BN of the up launch is one act group)
+
+def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm: int = FP4_BM,
+                    bn_down: int = FP4_BN_DOWN) -> torch.Tensor:
+    """The routed experts' sum, fp32 `[N, D]`, on tensor cores: pairs grouped by expert on the device, x `act_quant`ed
+    and back in bf16 (exact), one grouped launch for w1/w3 with the SwiGLU and h's quantisation fused, one for w2, and
+    a sum over each token's pairs. Sync-free (capturable) at any size."""
+    _check(x, weights, idx, st)
+    (N, D), k, (E, I) = x.shape, idx.shape[1], (st.w13.shape[0], st.w13.shape[1] // 2)
+    P = N * k
+    y = torch.zeros(P, D, dtype=torch.float32, device=x.device)
+    if P == 0: return y.view(N, k, D).sum(1)
+    rows, bexp = _align(idx, first, E, bm)
+    xq = act_dequant(*act_quant(x)).to(torch.bfloat16)
+    h = torch.empty(P, I, dtype=torch.bfloat16, device=x.device)
+    wt = weights.reshape(-1).float()
+    launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(I, FP4_BN_UP)), xq, k, rows, bexp, wt, st.w13,
+           st.s13.view(torch.uint8), h, D, I, I, float(limit), UP=True, BM=bm, BN=FP4_BN_UP, F32=_INTERPRETED)
+    launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(D, bn_down)), h, 1, rows, bexp, wt, st.w2,
+           st.s2.view(torch.uint8), y, I, D, I, float(limit), UP=False, BM=bm, BN=bn_down, F32=_INTERPRETED)
+    return y.view(N, k, D).sum(1)
+
+def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
+    """The routed experts' sum, fp32 `[N, D]`: the grouped tensor-core launches at every size (sync-free, so a CUDA
+    graph captures them). `fp4_moe_small` and `fp4_moe_sorted` stay as the measured alternatives."""
+    return fp4_moe_grouped(x, weights, idx, st, first, limit)
 
 def fp4_moe_layer(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, moe) -> torch.Tensor:
     "`MoE.fp4`'s signature: `fp4_moe` on `moe`'s FP4 stacks (stacked on first use, restacked when stale)."
@@ -321,6 +421,13 @@ def fp4_moe_check(device: str | torch.device, dim: int = 256, inter: int = 128, 
             err, tol = (a - b).abs().max().item(), 1e-5 * max(1e-30, b.abs().max().item())
             if not err <= tol:                          # (a NaN fails too)
                 return f"fp4_moe's {name} differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
+        # the grouped launches end to end: besides fp32 summation order, an h value on an e4m3 rounding boundary may
+        # round the other way (tl.exp is not torch's exp), a change of one e4m3 step in one h value: 2% allows it,
+        # and a wrong expert, row or scale is off by far more
+        y, y_ref = fp4_moe_grouped(x, weights, idx, st, first, limit), fp4_moe_ref(x, weights, idx, st, first, limit)
+        err, tol = (y - y_ref).abs().max().item(), 2e-2 * max(1e-30, y_ref.abs().max().item())
+        if not err <= tol:
+            return f"fp4_moe_grouped differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
     except Exception as e:                              # a compiler or launch error on this device: keep the loop
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None

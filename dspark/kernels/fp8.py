@@ -114,8 +114,8 @@ class FP8Config(NamedTuple):
     num_warps: int
     num_stages: int
 
-FP8_SMALL_M = 256                                            # rows up to which `fp8_linear` runs the split-K kernel
-FP8_TILES = {16: (64, 4, 4), 32: (64, 4, 4), 64: (128, 4, 3)}   # BLOCK_M -> (BLOCK_N, num_warps, num_stages)
+FP8_SMALL_M = 256          # rows up to which `fp8_linear` may run the split-K kernel (see `fp8_linear` for which)
+FP8_TILES = {16: (128, 8, 3), 32: (64, 4, 4), 64: (128, 4, 3)}  # BLOCK_M -> (BLOCK_N, num_warps, num_stages): H100 sweep
 FP8_TILE_CHOICES = ((32, 4, 4), (64, 4, 4), (64, 4, 3), (128, 4, 3), (128, 8, 3))   # what the benchmark sweeps
 FP8_SPLITS = (1, 2, 4, 8, 16)
 _SMS: dict[str, int] = {}
@@ -134,7 +134,7 @@ def fp8_config(M: int, O: int, I: int, sms: int = 132) -> FP8Config:
     bn, warps, stages = FP8_TILES[bm]
     tiles, blocks = triton.cdiv(O, bn) * triton.cdiv(M, bm), I // ACT_BLOCK
     split = 1
-    while tiles * split < 2 * sms and 2 * split <= min(16, blocks // 2, I // (4 * M)): split *= 2
+    while tiles * split < sms and 2 * split <= min(16, blocks // 2, I // (4 * M)): split *= 2   # one wave of programs
     return FP8Config(bm, bn, split, warps, stages)
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f812b28e
@@ -233,8 +233,12 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     if not x.is_cuda: return fp8_linear_ref(x, weight, scale)
     O, I = _check_args(x, weight, scale)
     M = x.numel() // I
-    if M <= FP8_SMALL_M: return fp8_linear_triton(x, weight, scale)
-    if (I // ACT_BLOCK) % 4 == 0 and O % 16 == 0 and fp8_library_ok(x.device):
+    library = (I // ACT_BLOCK) % 4 == 0 and O % 16 == 0 and fp8_library_ok(x.device)
+    # the split-K kernel streams weights fastest up to 16 rows; from 64 rows the library GEMM wins on every V4-Flash
+    # matrix of 8 MiB or more (H100 sweep, benchmarks/scripts/fp8_kernels_gpu.py)
+    if M <= 16 or (M <= 64 and O * I < 2**23) or (M <= FP8_SMALL_M and not library):
+        return fp8_linear_triton(x, weight, scale)
+    if library:
         return fp8_linear_library(x, weight, scale)
     return fp8_linear_triton(x, weight, scale, FP8Config(64, 128, 1, 4, 3))
 
