@@ -354,7 +354,7 @@ def _align(idx: torch.Tensor, first: int, E: int, bm: int) -> tuple[torch.Tensor
     P = idx.numel()
     local = _local(idx, first, E)
     blocks = triton.cdiv(P, bm) + min(P, E)
-    counts = torch.bincount(local, minlength=E + 1)[:E]
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=idx.device).scatter_add_(0, local, torch.ones_like(local))[:E]
     padded = (counts + bm - 1) // bm * bm
     pend = torch.cumsum(padded, 0)
     order = torch.argsort(local, stable=True)
