@@ -23,9 +23,9 @@ import triton.language as tl
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_dequant, act_quant, dequantize_fp4
 
 # %% auto #0
-__all__ = ['FP4_UP_TILE', 'FP4_DOWN_TILE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4Stack', 'stack_fp4_experts', 'fp4_up_ref',
-           'fp4_down_ref', 'fp4_moe_ref', 'fp4_up', 'fp4_down', 'fp4_moe_small', 'fp4_moe_sorted', 'fp4_moe_grouped',
-           'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
+__all__ = ['FP4_UP_TILE', 'FP4_DOWN_TILE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_WIDE_PAIRS', 'FP4Stack',
+           'stack_fp4_experts', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'fp4_up', 'fp4_down', 'fp4_moe_small',
+           'fp4_moe_sorted', 'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
 @dataclass
@@ -392,10 +392,17 @@ def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm:
            st.s2.view(torch.uint8), y, I, D, I, float(limit), UP=False, BM=bm, BN=bn_down, F32=_INTERPRETED)
     return y.view(N, k, D).sum(1)
 
+FP4_SMALL_PAIRS = 96      # up to 16 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
+FP4_WIDE_PAIRS = 4096     # from here the grouped launches take blocks of 64 pairs and 128-row down tiles
+
 def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
-    """The routed experts' sum, fp32 `[N, D]`: the grouped tensor-core launches at every size (sync-free, so a CUDA
-    graph captures them). `fp4_moe_small` and `fp4_moe_sorted` stay as the measured alternatives."""
-    return fp4_moe_grouped(x, weights, idx, st, first, limit)
+    """The routed experts' sum, fp32 `[N, D]`, by the fastest measured path for the pair count: the two GEMV launches
+    for a decode step's few pairs, the grouped tensor-core launches above. Both are sync-free (a CUDA graph captures
+    them); `fp4_moe_sorted` stays as the plain-torch alternative."""
+    P = idx.numel()
+    if P <= FP4_SMALL_PAIRS: return fp4_moe_small(x, weights, idx, st, first, limit, 16, 32)
+    if P < FP4_WIDE_PAIRS: return fp4_moe_grouped(x, weights, idx, st, first, limit, 16, 64)
+    return fp4_moe_grouped(x, weights, idx, st, first, limit, 64, 128)
 
 def fp4_moe_layer(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, moe) -> torch.Tensor:
     "`MoE.fp4`'s signature: `fp4_moe` on `moe`'s FP4 stacks (stacked on first use, restacked when stale)."
