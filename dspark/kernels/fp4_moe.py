@@ -1,4 +1,4 @@
-"""The routed experts of a MoE layer read in their stored form — E2M1 codes two to a byte with a power-of-two scale per 32 — and dequantised in registers, with the activations quantised per 128 as DeepSeek's inference code does: two Triton launches for a decode step or a draft block, a sorted path for prefill, both checked against the reference.
+"""The routed experts of a MoE layer read in their stored form — E2M1 codes two to a byte with a power-of-two scale per 32 — and dequantised in registers, with the activations quantised per 128 as DeepSeek's inference code does: two GEMV launches for a decode step's few pairs, grouped tensor-core launches for more, all checked against the reference and all capturable in a CUDA graph.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_fp4_moe.html.md"""
 
