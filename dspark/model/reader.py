@@ -84,8 +84,8 @@ class RawShard:
             if got <= 0: raise CheckpointError(f"{self.path} ends inside tensor {name}")
             done += got
 
-    def close(self) -> None:
-        if self.fd >= 0: os.close(self.fd); self.fd = -1
+    def close(self, _close=os.close) -> None:          # bound now: `__del__` may run after `os` is torn down
+        if self.fd >= 0: _close(self.fd); self.fd = -1
     def __del__(self): self.close()
 
 STAGE_BYTES = 64 * 2**20   # one pinned staging buffer; two alternate, so a disk read overlaps the last copy up
