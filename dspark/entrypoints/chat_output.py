@@ -18,8 +18,8 @@ from .chat_v4 import (END_THINK, INVOKE_CLOSE, INVOKE_OPEN, PARAM_CLOSE, PARAM_O
 from .protocol import APIError
 
 # %% auto #0
-__all__ = ['ReasoningSplitter', 'ToolCallParser', 'parse_tool_calls', 'ChatStream', 'ChatArgs', 'TEMPLATE_KWARGS', 'template_kwargs', 'ChatPlan',
-           'plan_chat']
+__all__ = ['TEMPLATE_KWARGS', 'ReasoningSplitter', 'ToolCallParser', 'parse_tool_calls', 'ChatStream', 'ChatArgs',
+           'template_kwargs', 'ChatPlan', 'plan_chat']
 
 # %% ../../nbs/32d_chat_output.ipynb #b2c0e002
 def _partial(text: str, *markers: str) -> int:

@@ -26,11 +26,11 @@ from ..sample.sampling import MAX_LOGPROBS, SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'FunctionCall', 'ToolCall', 'ChatMessage', 'FunctionDef', 'Tool',
-           'NamedToolChoice', 'ChatCompletionRequest',
-           'TokenizeRequest', 'DetokenizeRequest', 'APIError', 'error_body', 'validation_message',
-           'install_error_handlers', 'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages',
-           'Choice', 'usage', 'response_id', 'request_id', 'completion_logprobs', 'chat_logprobs', 'sse']
+__all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'FunctionCall', 'ToolCall',
+           'ChatMessage', 'FunctionDef', 'Tool', 'NamedToolChoice', 'ChatCompletionRequest', 'TokenizeRequest',
+           'DetokenizeRequest', 'APIError', 'error_body', 'validation_message', 'install_error_handlers',
+           'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages', 'Choice', 'usage', 'response_id',
+           'request_id', 'completion_logprobs', 'chat_logprobs', 'sse']
 
 # %% ../../nbs/32_protocol.ipynb #9ec1b948
 class _Strict(BaseModel):
