@@ -236,10 +236,15 @@ class ChatPlan:
 
     def stream(self) -> ChatStream: return ChatStream(self.reasoning, self.tools, self.max_calls)
 
-def plan_chat(body, args: ChatArgs, v4: bool) -> ChatPlan:
+def plan_chat(body, args: ChatArgs, v4: bool, template: str | None = None) -> ChatPlan:
     """The plan for a chat request (`tools`, `tool_choice`, `parallel_tool_calls`, `chat_template_kwargs`,
     `reasoning_effort`); 400 for what cannot be served. `required` and a named function need a model forced to call
-    a tool, which takes structured outputs (grammar-constrained decoding), not yet supported."""
+    a tool, which takes structured outputs (grammar-constrained decoding), not yet supported. A Jinja `template` that
+    never mentions tools cannot show the model a tool result: those are refused rather than silently dropped."""
+    tool = next((i for i, m in enumerate(body.messages) if m.role == "tool"), None)
+    if tool is not None and not v4 and "tool" not in (template or ""):
+        raise APIError(400, f"messages[{tool}]: role 'tool' is not in this model's chat template; it renders the roles "
+                            "'system', 'user' and 'assistant'", "messages")
     try: kw = args.chat_defaults() | template_kwargs(body.chat_template_kwargs, "chat_template_kwargs")
     except ValueError as e: raise APIError(400, str(e), "chat_template_kwargs") from None
     if body.reasoning_effort is not None:

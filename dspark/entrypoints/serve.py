@@ -236,7 +236,7 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         check_unsupported(body); check_model(body.model)
-        rid, plan = request.state.request_id, plan_chat(body, chat_args, v4)
+        rid, plan = request.state.request_id, plan_chat(body, chat_args, v4, tok.chat_template)
         try: prompt = await asyncio.to_thread(llm.tokenizer.encode_chat, chat_messages(body.messages), **plan.kwargs)
         except (ValueError, TypeError, KeyError) as e: raise APIError(400, f"messages: {e}", "messages") from None
         if len(prompt) >= llm.max_model_len:
