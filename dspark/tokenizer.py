@@ -67,6 +67,7 @@ class Tokenizer:
     def __init__(self, tok: tokenizers.Tokenizer, bos_token: str | None = None, eos_token: str | None = None,
                  chat_template: str | None = None):
         self.tok, self.bos_token, self.eos_token, self.chat_template = tok, bos_token, eos_token, chat_template
+        self.render_chat = None                 # a Python chat encoding that replaces the template (DeepSeek-V4's)
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
         self.bos_token_id, self.eos_token_id = self._id(bos_token, "bos_token"), self._id(eos_token, "eos_token")
 
@@ -104,8 +105,10 @@ class Tokenizer:
         return compile_template(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        "The prompt text for `messages`; `add_generation_prompt` ends it with the assistant's turn marker."
+        """The prompt text for `messages`; `add_generation_prompt` ends it with the assistant's turn marker; `kwargs`
+        (`tools`, `thinking`, ...) reach the template as variables, or `render_chat` as keyword arguments."""
         check_messages(messages)
+        if self.render_chat is not None: return self.render_chat(messages, add_generation_prompt=add_generation_prompt, **kwargs)
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
 
@@ -122,23 +125,23 @@ class Tokenizer:
         texts = sorted({t.content for t in self.tok.get_added_tokens_decoder().values() if t.special}, key=len, reverse=True)
         return re.compile("|".join(map(re.escape, texts))) if texts else None
 
-    def _pieces(self, messages: list[dict], add_generation_prompt: bool) -> list[tuple[str, bool]] | None:
+    def _pieces(self, messages: list[dict], add_generation_prompt: bool, **kwargs) -> list[tuple[str, bool]] | None:
         """The rendered prompt as `(text, from_content)` pieces: rendered once more with a random marker for each
         message's content, which is then put back. None when the template changes the content it is given."""
         marks = [f"\x00{secrets.token_hex(8)}.{i}\x00" for i in range(len(messages))]
-        marked = self.apply_chat_template([m | {"content": k} for m, k in zip(messages, marks)], add_generation_prompt)
+        marked = self.apply_chat_template([m | {"content": k} for m, k in zip(messages, marks)], add_generation_prompt, **kwargs)
         where = {k: i for i, k in enumerate(marks)}
         parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", marked)
         if sorted(p for p in parts if p in where) != sorted(marks): return None
         return [(messages[where[p]]["content"], True) if p in where else (p, False) for p in parts if p]
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> list[int]:
         """Prompt ids for `messages`, where special tokens come only from the template: a message's content is
         tokenised as text, so `<｜User｜>` written by a user is a few ordinary tokens, not a forged turn. The text
         between two of the template's special tokens is encoded as one run, exactly as `tokenizers` would."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
         if self._specials is None: return self.encode(text, add_special_tokens=False)
-        pieces = self._pieces(messages, add_generation_prompt)
+        pieces = self._pieces(messages, add_generation_prompt, **kwargs)
         if pieces is None or "".join(p for p, _ in pieces) != text:
             forged = next((i for i, m in enumerate(messages) if self._specials.search(m["content"])), None)
             if forged is not None:

@@ -138,7 +138,8 @@ def test_7_special_token_text_in_chat_content_is_plain_text(server, tiny_ckpt):
 # --- 8. unknown fields inside messages, roles the model cannot honour ------------------------------------------
 
 @pytest.mark.parametrize("message,param", [
-    ({"role": "assistant", "content": "x", "tool_calls": [{"id": "1", "type": "function"}]}, "messages[0].tool_calls"),
+    ({"role": "assistant", "content": "x", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"},
+                                                            "index": 0}]}, "messages[0].tool_calls[0].index"),
     ({"role": "user", "content": "x", "weight": 2}, "messages[0].weight"),
     ({"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}, "messages[0].content[0].cache_control"),
 ])

@@ -17,6 +17,7 @@ from ..sample.sampling import SamplingParams
 from ..engine.core import EngineCore
 from ..engine.outputs import RequestDelta, RequestOutput
 from ..distributed.tp import TPEngineCore
+from .chat_v4 import encode_messages, uses_v4_encoding
 
 # %% auto #0
 __all__ = ['LLM', 'llm_signature']
@@ -32,6 +33,8 @@ class LLM:
         model = DEFAULT_MODEL if model is None else model
         tp = kwargs.get("tensor_parallel_size", args[4] if len(args) > 4 else 1)   # 5th parameter after `model`
         self.engine: EngineCore = (EngineCore if tp == 1 else TPEngineCore)(model, *args, **kwargs)
+        tok = self.engine.tokenizer
+        if uses_v4_encoding(self.engine.model_path, tok.chat_template): tok.render_chat = encode_messages   # chapter 32c
 
     def __getattr__(self, name: str):
         if name == "engine": raise AttributeError(name)           # not built (yet): no recursion
@@ -76,10 +79,12 @@ class LLM:
         return [self.pop_output(rid) for rid in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        "Generate replies to conversations, rendered with the checkpoint's chat template."
+             use_tqdm: bool = True, tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to conversations, rendered with the checkpoint's chat template (or DeepSeek-V4's encoding);
+        `tools` and `chat_template_kwargs` (`thinking`, `reasoning_effort`) go to it as in vLLM."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.tokenizer.encode_chat(c) for c in convs], sampling_params, use_tqdm)
+        kw = (chat_template_kwargs or {}) | ({"tools": tools} if tools else {})
+        return self.generate([self.tokenizer.encode_chat(c, **kw) for c in convs], sampling_params, use_tqdm)
 
 
 

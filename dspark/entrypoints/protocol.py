@@ -26,10 +26,11 @@ from ..sample.sampling import MAX_LOGPROBS, SamplingParams
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'ChatMessage', 'ChatCompletionRequest',
-           'TokenizeRequest', 'DetokenizeRequest', 'APIError', 'error_body', 'validation_message',
-           'install_error_handlers', 'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages',
-           'Choice', 'usage', 'response_id', 'request_id', 'completion_logprobs', 'chat_logprobs', 'sse']
+__all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'FunctionCall', 'ToolCall',
+           'ChatMessage', 'FunctionDef', 'Tool', 'NamedToolChoice', 'ChatCompletionRequest', 'TokenizeRequest',
+           'DetokenizeRequest', 'APIError', 'error_body', 'validation_message', 'install_error_handlers',
+           'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages', 'Choice', 'usage', 'response_id',
+           'request_id', 'completion_logprobs', 'chat_logprobs', 'sse']
 
 # %% ../../nbs/32_protocol.ipynb #9ec1b948
 class _Strict(BaseModel):
@@ -76,16 +77,47 @@ class ContentPart(_Strict):
     type: Literal["text"]
     text: str
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[ContentPart]
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None          # assistant turns that called tools
+    tool_call_id: str | None = None                   # tool turns: the call they answer
+    reasoning_content: str | None = None              # assistant turns' thinking, as vLLM returns it
+
+class FunctionDef(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: dict
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict | None = None          # vLLM's: thinking, reasoning_effort (chapter 32d)
+    reasoning_effort: str | None = None
 
 class TokenizeRequest(_Strict):
     model: str | None = None
@@ -205,11 +237,16 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
         raise APIError(400, msg, msg.split(":")[0]) from None
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    "Plain `{role, content}` dicts for the chat template (text parts joined)."
+    """Plain dicts for the chat template: `{role, content}` (text parts joined, a missing content empty), with an
+    assistant's `tool_calls` and `reasoning_content` and a tool result's `tool_call_id` where given."""
     out = []
     for m in messages:
-        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
-        out.append({"role": m.role, "content": content})
+        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or [])
+        d = {"role": m.role, "content": content}
+        if m.tool_calls: d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.reasoning_content is not None: d["reasoning_content"] = m.reasoning_content
+        if m.tool_call_id is not None: d["tool_call_id"] = m.tool_call_id
+        out.append(d)
     return out
 
 # %% ../../nbs/32_protocol.ipynb #f14f6837
@@ -229,14 +266,16 @@ class Choice:
         if d.logprobs: self.logprobs = (self.logprobs or []) + d.logprobs
         self.finish_reason, self.num_prompt, self.num_cached = d.finish_reason, d.num_prompt_tokens, d.num_cached_tokens
 
-def usage(choices: list[Choice], prompt_lens: list[int]) -> dict:
+def usage(choices: list[Choice], prompt_lens: list[int], reasoning_tokens: int | None = None) -> dict:
     """Token counts of a response: each prompt once, however many choices it has (`choices` prompt by prompt,
     `len(choices) // len(prompt_lens)` each); a prompt's cached tokens are those every one of its choices found cached."""
     n = max(1, len(choices) // max(1, len(prompt_lens)))
     prompt, completion = sum(prompt_lens), sum(len(c.token_ids or []) for c in choices)
     cached = sum(min(c.num_cached for c in choices[k:k + n]) for k in range(0, len(choices), n))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}}
+    if reasoning_tokens is not None: out["completion_tokens_details"] = {"reasoning_tokens": min(reasoning_tokens, completion)}
+    return out
 
 def response_id(prefix: str) -> str:
     "A response id the server makes up (`cmpl-…`, `chatcmpl-…`): never the client's, unique per response."

@@ -29,6 +29,7 @@ from ..engine.args import ENGINE_GROUPS, ArgGroup, EngineArgs, arg, capacity_con
 from ..engine.core import frozen_heap
 from ..engine.outputs import RequestDelta
 from .llm import LLM
+from .chat_output import ChatArgs, plan_chat
 from .transport import BodyLimits, ItemCaps, TransportArgs, serve
 from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
@@ -65,10 +66,11 @@ async def merged(streams: list[AsyncIterator[RequestDelta]]) -> AsyncIterator[tu
 
 # %% ../../nbs/33_serve.ipynb #9572a8e7
 async def sse_events(streams, render, head: dict, prompt_lens: list[int], opts: StreamOptions | None,
-                     opening: list[dict] = ()) -> AsyncIterator[str]:
-    """SSE text for a response: `render(i, delta)` makes a choice's chunk; `head` carries id/object/model. `opts`
-    (`stream_options`): `include_usage` adds a last chunk with the usage; with `continuous_usage_stats` (as vLLM
-    does) every chunk also carries the usage so far."""
+                     opening: list[dict] = (), reasoning_tokens=lambda: None) -> AsyncIterator[str]:
+    """SSE text for a response: `render(i, delta)` makes a choice's chunk (None: nothing to send yet); `head` carries
+    id/object/model. `opts` (`stream_options`): `include_usage` adds a last chunk with the usage (and
+    `reasoning_tokens()` where not None); with `continuous_usage_stats` (as vLLM does) every chunk also carries the
+    usage so far."""
     include_usage = bool(opts and opts.include_usage)
     continuous = include_usage and opts.continuous_usage_stats
     choices = [Choice(i) for i in range(len(streams))]
@@ -78,10 +80,10 @@ async def sse_events(streams, render, head: dict, prompt_lens: list[int], opts: 
             choices[i].add(d)
             if d.text or d.finished:
                 chunk = render(i, d)
-                yield sse(chunk | {"usage": usage(choices, prompt_lens)} if continuous else chunk)
+                if chunk is not None: yield sse(chunk | {"usage": usage(choices, prompt_lens)} if continuous else chunk)
     except EngineError as e:
         yield sse(error_body(500, str(e))); yield "data: [DONE]\n\n"; return
-    if include_usage: yield sse(head | {"choices": [], "usage": usage(choices, prompt_lens)})
+    if include_usage: yield sse(head | {"choices": [], "usage": usage(choices, prompt_lens, reasoning_tokens())})
     yield "data: [DONE]\n\n"
 
 # %% ../../nbs/33_serve.ipynb #5b49b21f
@@ -92,6 +94,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
     disconnect_poll: float = 0.2
+    chat: ChatArgs | None = None                # tools, reasoning and chat-template settings (default: ChatArgs())
 
 class Gate:
     """ASGI middleware in front of every route: the request id, the API key, and the body limit (a body over
@@ -132,6 +135,7 @@ class Gate:
 def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None = None) -> FastAPI:
     "The FastAPI application serving `engine`; the engine thread starts with the app and stops with it."
     llm, tok = engine.llm, engine.llm.tokenizer
+    chat_args, v4 = sc.chat or ChatArgs(), tok.render_chat is not None
     created = int(time.time())
 
     async def lifespan(app):
@@ -232,9 +236,9 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         check_unsupported(body); check_model(body.model)
-        rid = request.state.request_id
-        try: prompt = await asyncio.to_thread(llm.tokenizer.encode_chat, chat_messages(body.messages))
-        except ValueError as e: raise APIError(400, str(e), "messages") from None
+        rid, plan = request.state.request_id, plan_chat(body, chat_args, v4, tok.chat_template)
+        try: prompt = await asyncio.to_thread(llm.tokenizer.encode_chat, chat_messages(body.messages), **plan.kwargs)
+        except (ValueError, TypeError, KeyError) as e: raise APIError(400, f"messages: {e}", "messages") from None
         if len(prompt) >= llm.max_model_len:
             raise APIError(400, f"the messages take {len(prompt)} tokens; this model's maximum context length is "
                                 f"{llm.max_model_len} tokens", "messages")
@@ -246,21 +250,26 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
                   for j in range(body.n)]
         streams = start([prompt] * body.n, params, rid)
         head = {"id": response_id("chatcmpl"), "created": int(time.time()), "model": sc.served_model_name}
-        lens = [len(prompt)]
+        lens, parsed = [len(prompt)], [plan.stream() for _ in range(body.n)]
+        def reasoning_tokens():
+            if plan.reasoning is None: return None
+            return sum(len(tok.encode(p.reasoning, add_special_tokens=False)) if p.reasoning else 0 for p in parsed)
         if not body.stream:
             choices = await collect(request, streams)
             return JSONResponse(head | {"object": "chat.completion", "choices": [
-                {"index": c.index, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
+                {"index": c.index, "message": p.message(c.text), "finish_reason": p.finish_reason(c.finish_reason),
                  "logprobs": chat_logprobs(tok, c.token_ids, c.logprobs, top) if top is not None else None}
-                for c in choices], "usage": usage(choices, lens)})
+                for c, p in zip(choices, parsed)], "usage": usage(choices, lens, reasoning_tokens())})
         chunk = head | {"object": "chat.completion.chunk"}
         def render(i, d):
             lp = chat_logprobs(tok, d.token_ids, d.logprobs or [], top) if top is not None else None
-            delta = {"content": d.text} if d.text or not d.finished else {}
-            return chunk | {"choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}]}
+            delta = parsed[i].step(d.text, d.finished)
+            if not delta and not d.finished and lp is None: return None          # text held back by a parser
+            reason = parsed[i].finish_reason(d.finish_reason) if d.finished else None
+            return chunk | {"choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
         opening = [chunk | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                          "finish_reason": None}]} for i in range(body.n)]
-        events = sse_events(streams, render, chunk, lens, body.stream_options, opening)
+        events = sse_events(streams, render, chunk, lens, body.stream_options, opening, reasoning_tokens)
         return stream_response(events, rid)
 
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
@@ -321,17 +330,18 @@ class ServerArgs(ArgGroup):
     gpu_memory_gb: float | None = arg(None, "memory of one GPU in GB for the --dry-run plan (default: this machine's GPU, else 141)")
 
 @dataclass
-class ServeArgs(EngineArgs, ServerArgs, TransportArgs):
+class ServeArgs(EngineArgs, ServerArgs, TransportArgs, ChatArgs):
     "Everything `python -m dspark.serve` takes: the engine's settings and the server's."
     def __post_init__(self):
         super().__post_init__()
         if self.served_model_name is None: self.served_model_name = Path(self.model).name
+        self.chat_defaults()                    # a bad --default-chat-template-kwargs stops the launch
 
 def parse_args(argv: list[str] | None = None, env: dict | None = None) -> ServeArgs:
     "The server's settings from the command line and the `DSPARK_*` environment (`--help` lists them by group)."
     p = argparse.ArgumentParser(prog="python -m dspark.serve",
                                 description="OpenAI-compatible DeepSeek-V4 server with DSpark speculative decoding")
-    given = parse_settings(p, (*ENGINE_GROUPS, ServerArgs, TransportArgs), argv, dict(os.environ if env is None else env))
+    given = parse_settings(p, (*ENGINE_GROUPS, ServerArgs, TransportArgs, ChatArgs), argv, dict(os.environ if env is None else env))
     try: return ServeArgs(**given)
     except ValueError as e: p.error(str(e))
 
@@ -404,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr); return 2
     engine = AsyncEngine(llm, a.max_waiting_requests, EngineMetrics(a.served_model_name, log_interval=a.spec_log_interval))
-    app = build_app(engine, ServerConfig(a.served_model_name, a.api_key, a.max_body_bytes),
+    app = build_app(engine, ServerConfig(a.served_model_name, a.api_key, a.max_body_bytes, chat=a),
                     BodyLimits(a.max_list_items, a.max_stop_chars, llm.max_model_len))
     log.info("serving %s (%s) on http://%s:%d", a.served_model_name, conf["speculative"], a.host, a.port)
     with frozen_heap():                        # the engine's start-up heap stays out of the collector's passes
