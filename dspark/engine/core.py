@@ -31,7 +31,7 @@ from ..model.layers import batch_invariant
 from ..model.transformer import Transformer
 from ..sample.sampling import SamplingParams, stream_key
 from ..request import Request
-from ..runtime.runner import ModelRunner, RunnerOutput, as_decided
+from ..runtime.runner import ModelRunner, RunnerOutput, SimulatedAcceptance, as_decided
 from .outputs import CompletionOutput, EngineBroken, RequestDelta, RequestOutput, StopMatcher, is_fatal, step_fault
 from .scheduler import KVCacheManager, Scheduler, SchedulerConfig
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
@@ -107,8 +107,8 @@ class EngineCore:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  num_kv_blocks: int | None = None, attention_backend: str = "auto", batch_invariant: bool = False,
                  capacity: str | CapacityConfig | None = None, kv_cache_dtype: str = "auto",
-                 fp8_draft_head: bool = False, enforce_eager: bool = False, overlap_decode: bool = True,
-                 quantization: str = "none", load_format: str = "auto", hf_overrides: str | dict | None = None):
+                 fp8_draft_head: bool = False, enforce_eager: bool = False, overlap_decode: bool = True, quantization: str = "none",
+                 load_format: str = "auto", hf_overrides: str | dict | None = None, simulate_acceptance: float | None = None):
         if speculative == "none": speculative = None
         if hf_overrides and load_format != "dummy":      # a checkpoint's tensors have the shapes of its own config.json
             raise ValueError("--hf-overrides reshapes the model: it needs weights built from the config "
@@ -135,6 +135,7 @@ class EngineCore:
         self.fault = step_fault(os.environ.get("DSPARK_TEST_FAULT"))   # the test hook (None: none)
         self.model_path, self.speculative = Path(model), speculative
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
+        simulated = SimulatedAcceptance.of(simulate_acceptance, K, seed)   # benchmarks on dummy weights only (chapter 25b)
         drafter = self._load_drafter(model, speculative)
         if str(device).startswith("cuda") and quantization == "auto":     # FP8/FP4 kernels, also when eager
             from dspark.runtime.graphs import stored_kernels; log.info(stored_kernels(self.model, drafter))
@@ -171,7 +172,7 @@ class EngineCore:
                     MTPProposer(drafter, max_num_seqs, K, device) if speculative == "mtp" else None)
         self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
                                   forward=self._forward_for(attention_backend, device, batch_invariant),
-                                  canon=self._decision_canon())
+                                  canon=self._decision_canon(), simulated=simulated)
         self.graphs = None
         if use_graphs:
             from dspark.runtime.engine_graphs import graphs_for_runner   # CUDA graphs of decode and verify steps
@@ -442,9 +443,8 @@ class EngineCore:
                              finished=r.finish_reason is not None, num_cached_tokens=r.num_cached_tokens)
 
     def prefix_cache_stats(self) -> dict[str, int]:
-        kv = self.scheduler.kv
-        return {"queries": kv.queries, "hits": kv.hits}
+        return {"queries": self.scheduler.kv.queries, "hits": self.scheduler.kv.hits}
 
     def spec_stats(self) -> dict:
-        "Speculative-decoding counters: drafts (verified rounds), draft tokens, accepted tokens, per position."
+        "Speculative-decoding counters (`SpecStats.as_dict`): drafts, draft tokens, accepted tokens, per position, `simulated` if set."
         return self.runner.stats.as_dict()

@@ -43,7 +43,8 @@ def graphs_for_runner(runner, max_num_seqs: int, ragged_tokens: int = 0) -> Grap
                     runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
                     context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
     g.graph_bytes += draft_bytes                       # the draft step's graphs count too
-    if hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs:   # chapter 23: a DSpark round in one graph
+    if (hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs   # chapter 23: a DSpark round in
+            and runner.simulated is None):                                                   # one graph (not simulated)
         g.rounds = RoundGraphs(g, pr)
         g.graph_bytes += g.rounds.graph_bytes
     return g

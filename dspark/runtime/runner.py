@@ -8,6 +8,8 @@ Docs: https://dspark-dev.github.io/dspark/model_runner.html.md"""
 from __future__ import annotations
 
 import itertools
+import math
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,13 +17,14 @@ import torch
 
 from ..request import Request, all_plain_greedy
 from ..sample.rejection import SpecStats, verify_keyed
-from ..sample.sampling import RowParams, on_device, row_probs
+from ..sample.sampling import STREAMS, RowParams, draw_keyed, on_device, row_probs
 from ..sample.processors import processed_probs, round_histories
 from ..cache.kv_cache import PagedKVCache, SeqView, forward_cached
 from ..model.transformer import Transformer
 
 # %% auto #0
-__all__ = ['RunnerOutput', 'as_decided', 'greedy_verify', 'next_ids', 'ModelRunner']
+__all__ = ['RunnerOutput', 'as_decided', 'greedy_verify', 'next_ids', 'acceptance_probability', 'SimulatedAcceptance',
+           'ModelRunner']
 
 # %% ../../nbs/25b_model_runner.ipynb #ea6030f0
 @dataclass
@@ -51,16 +54,56 @@ def next_ids(r: Request, toks: list[int], a: int, m: int) -> list[int]:
     N = r.num_tokens
     return r.span(a + 1, min(a + m + 1, N)) + toks[max(0, a + 1 - N):max(0, a + m + 1 - N)]
 
+# %% ../../nbs/25b_model_runner.ipynb #5a1c0e02
+def acceptance_probability(a: float, K: int) -> float:
+    """The per-draft acceptance probability $p$ at which independent acceptances give a mean acceptance length of `a`
+    tokens per round at depth `K` (bonus included): the root of $(1 - p^{K+1}) / (1 - p) = \\sum_{j=0}^{K} p^j = a$."""
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 1 <= a <= K + 1:
+        raise ValueError(f"simulate_acceptance must be a mean acceptance length in [1, K + 1] = [1, {K + 1}] at depth "
+                         f"K={K}, got {a!r}")
+    lo, hi = 0.0, 1.0                                   # the sum rises monotonically from 1 (p = 0) to K + 1 (p = 1)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** j for j in range(K + 1)) < a else (lo, mid)
+    return 0.0 if a == 1 else 1.0 if a == K + 1 else (lo + hi) / 2
+
+class SimulatedAcceptance:
+    """For benchmarks on dummy weights only: a verify round accepts its drafts as if the mean acceptance length at
+    depth `K` were `a` — each draft accepted independently with `acceptance_probability(a, K)`, up to the first
+    refusal — whatever the target said. The accepted tokens are the drafts, so the output is the drafter's text, not
+    a correct decode. Draws come from one stream seeded with the engine's seed. A round that drafts fewer than `K`
+    (no room left, capacity control) accepts proportionally less. With it on the runner verifies on its unfused
+    path: the engine captures no fused rounds (chapter 23) and launches none ahead (chapter 25), while the target's
+    verify forward (replayed from its graph where there is one) and the drafter run as always, so their costs are real."""
+    def __init__(self, a: float, K: int, seed: int = 0):
+        if K < 1: raise ValueError("simulate_acceptance needs speculative decoding (speculative='dspark' or 'mtp'); it is off")
+        self.a, self.K, self.p, self.rng = float(a), K, acceptance_probability(a, K), random.Random(seed)
+
+    @classmethod
+    def of(cls, a: float | None, K: int, seed: int = 0) -> SimulatedAcceptance | None:
+        "The rule for `EngineCore(simulate_acceptance=a)`: None when `a` is None (off)."
+        return None if a is None else cls(a, K, seed)
+
+    def accepted(self, k: int) -> int:
+        "Drafts accepted of `k`: $P(\\text{accepted} \\ge j) = p^j$ for $j \\le k$."
+        if self.p <= 0 or self.p >= 1: return k if self.p >= 1 else 0
+        return min(k, int(math.log(1 - self.rng.random()) / math.log(self.p)))
+
+    def accept(self, drafts: list[int], targets: list[int]) -> tuple[int, list[int]]:
+        "`greedy_verify`'s result under the rule: the accepted drafts, then the target's choice after them."
+        a = self.accepted(len(drafts))
+        return a, drafts[:a] + [targets[a]]
 
 # %% ../../nbs/25b_model_runner.ipynb #995e14e1
 class ModelRunner:
     "Weights, KV cache and (optionally) a drafter; runs one step's chunks, verifies drafts, samples, proposes."
     def __init__(self, model: Transformer, cache: PagedKVCache, proposer=None, num_spec: int = 0, max_model_len: int = 0,
-                 forward: Callable = forward_cached, canon: Callable = as_decided):
+                 forward: Callable = forward_cached, canon: Callable = as_decided, simulated: SimulatedAcceptance | None = None):
         self.model, self.cache, self.proposer, self.K, self.max_model_len = model, cache, proposer, num_spec, max_model_len
         self.forward, self.canon = forward, canon
         self.capacity = None                           # a capacity_control.CapacityController, when enabled
-        self.stats = SpecStats()
+        self.simulated = simulated                     # benchmarks on dummy weights: acceptance by a given mean length
+        self.stats = SpecStats(simulated=simulated.a if simulated else None)
         self.observed = False                          # whether this step's forward wrote the drafter's context itself
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
         self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
@@ -89,7 +132,7 @@ class ModelRunner:
         if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
             for r, _ in batch: pr.claim(r.slot, r.request_id)
         greedy = all_plain_greedy([r for r, _ in batch])
-        rounds = getattr(self.forward, "rounds", None)             # chapter 23: verify, accept and draft in one graph
+        rounds = None if self.simulated else getattr(self.forward, "rounds", None)   # chapter 23: verify, accept, draft in one graph
         compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
         if greedy and rounds is not None and not self._plain() and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
@@ -102,13 +145,14 @@ class ModelRunner:
             flat = getattr(logits, "flat", None)                   # a graph step's rows are one tensor already
             top = (torch.cat(logits) if flat is None else flat).argmax(-1).tolist()
             ends = list(itertools.accumulate(n for _, n in batch))
+            verify = greedy_verify if self.simulated is None else self.simulated.accept
         for i, (r, n) in enumerate(batch):
             known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
             if n < known:                                          # a prefill chunk that does not reach the end
                 if pr and not self.observed: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
                 continue
             k = n - known
-            if greedy: decided[r.request_id] = (k, *greedy_verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]]), None)
+            if greedy: decided[r.request_id] = (k, *verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]]), None)
             else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
         if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
@@ -140,6 +184,9 @@ class ModelRunner:
             if rp.greedy: q = torch.where((rp.temperature == 0)[:, None, None], torch.nn.functional.one_hot(drafts, V).to(q), q)
         else: q = torch.nn.functional.one_hot(drafts, V).float()
         a, nxt = verify_keyed(p, q, drafts, n_drafts, rp.seed, ints[:, K + 2])
+        if self.simulated is not None:                             # the simulated length, then the target's token there
+            a = torch.tensor([self.simulated.accepted(k) for _, k, _ in items], device=dev)
+            nxt = draw_keyed(p[torch.arange(len(items), device=dev), a], rp.seed, ints[:, K + 2] + a, STREAMS["sample"])
         out = {}
         for (r, k, rows), (a, t) in zip(items, torch.stack([a, nxt], 1).tolist()):
             toks = r.drafts[:a] + [t]

@@ -107,6 +107,7 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    simulated: float | None = None      # the mean acceptance length a benchmark imposed (`SimulatedAcceptance`), if any
 
     def record(self, n_drafted: int, n_accepted: int):
         "Count one verified round: `n_drafted` proposed, the first `n_accepted` of them accepted."
@@ -122,8 +123,10 @@ class SpecStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
     def as_dict(self) -> dict:
-        "Counters plus the derived rates, ready for JSON (`mean_acceptance_length` is 0.0 before any draft)."
+        """Counters plus the derived rates, ready for JSON (`mean_acceptance_length` is 0.0 before any draft); `simulated`
+        only when the acceptance was simulated (a benchmark on dummy weights)."""
         d = dict(num_drafts=self.num_drafts, num_draft_tokens=self.num_draft_tokens,
                  num_accepted_tokens=self.num_accepted_tokens, accepted_per_position=list(self.accepted_per_position))
         rate = self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-        return d | dict(mean_acceptance_length=self.mean_acceptance_length, draft_acceptance_rate=rate)
+        d |= dict(mean_acceptance_length=self.mean_acceptance_length, draft_acceptance_rate=rate)
+        return d if self.simulated is None else d | dict(simulated=self.simulated)

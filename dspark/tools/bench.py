@@ -23,6 +23,7 @@ from ..config import CSA, HCA, ModelConfig, load_config
 from ..engine.core import frozen_heap
 from ..entrypoints.llm import LLM
 from ..model.transformer import count_params
+from ..runtime.runner import SimulatedAcceptance
 from ..sample.sampling import SamplingParams
 
 # %% auto #0
@@ -89,14 +90,17 @@ def timed_batch(llm, prompts: list[list[int]], sps: list, per_step: bool, device
 
 def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, max_tokens: int, device: str,
                dtype: str, backend: str = "auto", kv_bytes: int = 4 * 2**30, eager: bool = False,
-               temperature: float = 0.0, repeats: int = 3, overlap: bool = True, concurrency: int | None = None) -> dict:
+               temperature: float = 0.0, repeats: int = 3, overlap: bool = True, concurrency: int | None = None,
+               simulate_acceptance: float | None = None) -> dict:
     """Throughput, decode step time and acceptance of `len(prompts)` requests: greedy, or sampled at `temperature`
     (request `i` seeded with `i`, so a run is reproducible). All at once, or with `concurrency`, at most that many in
     flight (`timed_batch`). Throughput is the median of `repeats` runs, timed end to end; the step time comes
-    from one more run that syncs after every step."""
+    from one more run that syncs after every step. `simulate_acceptance`: a speculative mode accepts drafts as if
+    its mean acceptance length were that (`SimulatedAcceptance`, dummy weights only); the row says so."""
     C = concurrency or len(prompts)
+    sim = simulate_acceptance if mode else None
     llm = LLM(path, speculative=mode, num_speculative_tokens=k, device=device, dtype=dtype, attention_backend=backend,
-              enforce_eager=eager, overlap_decode=overlap,
+              enforce_eager=eager, overlap_decode=overlap, simulate_acceptance=sim,
               max_num_seqs=C, max_num_batched_tokens=max(8192, 2 * C * 8),   # prefill_run's chunk
               max_model_len=max(len(p) for p in prompts) + max_tokens + (k or 0) + 8,   # what the run needs: the
               # graphs' indexer columns and block tables are sized for max_model_len (a 1M-token model default
@@ -135,6 +139,7 @@ def decode_run(path, prompts: list[list[int]], mode: str | None, k: int | None, 
             "per_user_tok_s": round(n_tok / wall / C, 2), "steps": len(steps),
             "decode_step_ms": round(1e3 * dec[len(dec) // 2], 3),
             "mean_acceptance_length": round(1 + acc / drafts, 3) if drafts else None,
+            **({"simulated_acceptance": sim} if sim is not None else {}),
             "token_ids": [o.outputs[0].token_ids for o in outs]}
 
 def prefill_run(path, length: int, device: str, dtype: str, backend: str = "auto", vocab: int | None = None,
@@ -198,9 +203,12 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
               prompt_len: int = 128, prefill: tuple[int, ...] = (), hf_concurrencies: tuple[int, ...] = (),
               device: str = "cuda", dtype: str = "bfloat16", backend: str = "auto", k: dict | None = None,
               prompts: list[list[int]] | None = None, mtp_path=None, kv_bytes: int = 4 * 2**30, eager: bool = False,
-              temperature: float = 0.0, progress=None, partial=None, overlap: bool = True, waves: int = 1) -> dict:
+              temperature: float = 0.0, progress=None, partial=None, overlap: bool = True, waves: int = 1,
+              simulate_acceptance: float | None = None) -> dict:
     """The whole benchmark for one checkpoint (see the prose above); `prompts` default to random token ids. Each
     concurrency `C` serves `waves × C` requests with at most `C` in flight (`waves = 1`: one closed batch).
+    `simulate_acceptance`: the speculative modes accept drafts as if their mean acceptance length were that (checked
+    against each mode's depth before any run); the record carries it as `simulated_acceptance`.
     `progress(line)`, if given, hears about each run as it finishes; `partial(record)` gets the record so far after
     each run (`main` writes it to `--out`, so a sweep that is stopped keeps what it measured)."""
     def say(line: str) -> None:
@@ -210,6 +218,8 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
     k = {"mtp": 1, "dspark": cfg.dspark_block_size} | (k or {})
     g = torch.Generator().manual_seed(0)
     if waves < 1: raise ValueError(f"waves must be >= 1, got {waves}")
+    for m in modes:                             # a value a mode's depth cannot reach fails now, not after the sweep
+        if simulate_acceptance is not None and m != "none": SimulatedAcceptance(simulate_acceptance, k[m])
     need = max(concurrencies) * waves
     pool = prompts or torch.randint(2, cfg.vocab_size, (need, prompt_len), generator=g).tolist()
     pool = [pool[i % len(pool)] for i in range(need)]
@@ -217,13 +227,13 @@ def run_bench(path, modes=("none", "mtp", "dspark"), concurrencies=(1, 4, 16, 64
            "layers": cfg.num_hidden_layers, "params": count_params(cfg)}, "device": device, "dtype": dtype,
            "max_tokens": max_tokens, "prompt_len": len(pool[0]), "temperature": temperature, "waves": waves,
            "decode": [], "baseline": [],
-           "prefill": []}
+           "prefill": []} | ({"simulated_acceptance": simulate_acceptance} if simulate_acceptance is not None else {})
     for c in concurrencies:
         for m in modes:
             where = mtp_path if (m == "mtp" and mtp_path) else path
             rec["decode"].append(decode_run(where, pool[:c * waves], None if m == "none" else m, k.get(m), max_tokens,
                                             device, dtype, backend, kv_bytes, eager, temperature, overlap=overlap,
-                                            concurrency=c))
+                                            concurrency=c, simulate_acceptance=simulate_acceptance))
             r = rec["decode"][-1]
             say(f"decode {m} C{c}: {r['tok_s']} tok/s (runs {r['tok_s_runs']}), step {r['decode_step_ms']} ms, "
                 f"acceptance {r['mean_acceptance_length']}")
@@ -266,6 +276,7 @@ def format_table(rec: dict) -> str:
     get = {(r["mode"], r["concurrency"]): r for r in rec["decode"]}
     how = "greedy" if not rec.get("temperature") else f"sampled at T={rec['temperature']}"
     if rec.get("waves", 1) > 1: how += f", {rec['waves']} waves of C requests with at most C in flight"
+    if rec.get("simulated_acceptance") is not None: how += f", simulated acceptance {rec['simulated_acceptance']}"
     lines = [f"decode tok/s ({rec['dtype']}, {how}, {rec['max_tokens']} tokens after a {rec['prompt_len']}-token prompt; "
              "acceptance length in brackets; step ms = median decode step)",
              "  C | " + " | ".join(f"{m:>22}" for m in modes)]
@@ -343,12 +354,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--waves", type=int, default=1,
                    help="decode sweep: serve N x C requests at concurrency C, the next sent as soon as one finishes "
                         "(a steady load, as a server sees); 1 = one closed batch of C")
+    p.add_argument("--simulate-acceptance", type=float, default=None, metavar="A",
+                   help="dummy-weight benchmarks only: the speculative modes accept drafts as if the mean acceptance length "
+                        "(tokens per verify round, bonus included) were A, in [1, K + 1]; the drafter and the verify "
+                        "forward still run, the output is the drafter's text, and the record is labelled")
     p.add_argument("--out", default=None, help="write the JSON record here")
     a = p.parse_args(argv)
     if any(c < 1 for c in a.concurrency): p.error("--concurrency values must be >= 1")
     if a.max_tokens < 1: p.error("--max-tokens must be >= 1")
     if a.temperature < 0: p.error("--temperature must be >= 0")
     if a.waves < 1: p.error("--waves must be >= 1")
+    if a.simulate_acceptance is not None and set(a.modes) == {"none"}: p.error("--simulate-acceptance needs a speculative mode (mtp, dspark)")
     a.dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
     return a
 
@@ -370,7 +386,7 @@ def main(argv=None) -> dict:
     rec = run_bench(path, a.modes, a.concurrency, a.max_tokens, a.prompt_len, tuple(a.prefill), tuple(a.hf_baseline),
                     a.device, a.dtype, a.attention_backend, {"dspark": a.num_speculative_tokens} if a.num_speculative_tokens else None,
                     prompts, mtp_path, eager=a.enforce_eager, temperature=a.temperature, overlap=a.overlap_decode,
-                    waves=a.waves,
+                    waves=a.waves, simulate_acceptance=a.simulate_acceptance,
                     progress=lambda line: print(line, file=sys.stderr, flush=True),
                     partial=(lambda r: Path(a.out).write_text(json.dumps(r | {"partial": True}, indent=1))) if a.out else None)
     print(format_table(rec))

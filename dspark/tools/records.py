@@ -76,7 +76,7 @@ def write_record(name: str, rows, command: str | None, config: dict | None, mach
 # %% ../../nbs/35a_records.ipynb #07a82f9f
 MACHINE_KEYS = ("gpu", "gpus", "torch", "cpu", "package")
 SETTINGS = ("model", "config", "device", "dtype", "max_tokens", "prompt_len", "temperature", "waves", "C", "tokens",
-            "repeats", "policy", "activation", "concurrency", "shapes", "label", "what")
+            "repeats", "policy", "activation", "concurrency", "shapes", "label", "what", "simulated_acceptance")
 
 def split_raw(raw: dict | list) -> dict:
     "`rows`, `config` and `machine` (None where empty) of a flat result dict, for `write_record(..., **split_raw(raw))`."
