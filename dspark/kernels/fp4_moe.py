@@ -25,7 +25,7 @@ from ..model.quant import ACT_BLOCK, FP8_MAX, act_dequant, act_quant, dequantize
 # %% auto #0
 __all__ = ['FP4_UP_TILE', 'FP4_DOWN_TILE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_WIDE_PAIRS', 'FP4Stack',
            'stack_fp4_experts', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'fp4_up', 'fp4_down', 'fp4_moe_small',
-           'fp4_moe_sorted', 'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
+           'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
 @dataclass
@@ -270,25 +270,6 @@ def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, block
     return fp4_down(fp4_up(x, weights, idx, st, first, limit, block_i), idx, st, first, block_d)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0014
-def fp4_moe_sorted(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
-    """The routed experts' sum, fp32 `[N, D]`, for many tokens: the pairs sorted by expert, each hit expert
-    dequantised once to fp32 and run as two fp32 GEMMs over its pairs. Reads the group sizes on the host (one
-    synchronisation): a prefill path, not capturable."""
-    _check(x, weights, idx, st)
-    (N, D), k, E = x.shape, idx.shape[1], st.w13.shape[0]
-    local = _local(idx, first, E)
-    order = torch.argsort(local, stable=True)
-    counts = torch.bincount(local, minlength=E + 1)[:E].tolist()     # the one host read
-    xq, w = _qdq(x), weights.reshape(-1).float()
-    y, start = torch.zeros(N, D, device=x.device), 0
-    for e, c in enumerate(counts):
-        if c == 0: continue
-        rows, start = order[start:start + c], start + c
-        gate, up = (xq[rows // k] @ dequantize_fp4(st.w13[e], st.s13[e]).T).chunk(2, dim=-1)
-        h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * w[rows, None]
-        y.index_add_(0, rows // k, _qdq(h) @ dequantize_fp4(st.w2[e], st.s2[e]).T)
-    return y
-
 @triton.jit
 def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr):
     """`[BN, 64]` packed bytes of FP4 rows -> their low-nibble (even inputs) and high-nibble (odd inputs) values times
@@ -398,7 +379,7 @@ FP4_WIDE_PAIRS = 4096     # from here the grouped launches take blocks of 64 pai
 def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, by the fastest measured path for the pair count: the two GEMV launches
     for a decode step's few pairs, the grouped tensor-core launches above. Both are sync-free (a CUDA graph captures
-    them); `fp4_moe_sorted` stays as the plain-torch alternative."""
+    them)."""
     P = idx.numel()
     if P <= FP4_SMALL_PAIRS: return fp4_moe_small(x, weights, idx, st, first, limit, 16, 32)
     if P < FP4_WIDE_PAIRS: return fp4_moe_grouped(x, weights, idx, st, first, limit, 16, 64)
