@@ -235,7 +235,12 @@ class EngineCore:
     def _dummy(self, model, device, dtype):
         "`model` (built on meta) with random weights made on `device` from `seed` (`--load-format dummy`), as stored for `quantization='auto'`."
         if self.quantization == "auto": as_stored(model)
-        return dummy_weights(model, self.seed, device, None if self.quantization == "auto" else DTYPES.get(dtype, dtype))
+        return dummy_weights(model, self.seed, device, None if self.quantization == "auto" else DTYPES.get(dtype, dtype),
+                             source=self._shard_meta(model))
+
+    def _shard_meta(self, model) -> dict | None:
+        "A seam: tensor parallelism shards the `meta` model here and names the slice of the whole that each tensor is."
+        return None
 
     def close(self) -> None:
         "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."
