@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..model.drafter import load_drafter
 from ..model.mtp import load_mtp
+from ..model.weights import as_stored
 from ..config import load_config, resolve_model
 from ..engine.core import EngineCore
 from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, shard_meta, tp_drafter
@@ -324,7 +325,7 @@ class TPEngineCore(EngineCore):
     # -- loading: every rank streams only its slice of the checkpoint (dense or as stored), straight to its device,
     #    or makes only its slice of the dummy weights
     def _load_target(self, path, device: str, dtype: str):
-        if self.load_format == "dummy": return super()._load_target(path, device, dtype)   # via `_shard_meta`
+        if self.load_format == "dummy": return super()._load_target(path, device, dtype)   # via `_dummy`
         return load_target_shard(path, self.rank, self.world, device=device, dtype=dtype, quantization=self.quantization)
 
     def _load_drafter(self, path, speculative: str | None):
@@ -334,9 +335,10 @@ class TPEngineCore(EngineCore):
         load = load_drafter if speculative == "dspark" else load_mtp
         return load(path, self.model, quantization=self.quantization, shard=shard)
 
-    def _shard_meta(self, model) -> dict:
+    def _dummy(self, model, device, dtype):
         "Dummy weights: this rank's slices of those TP=1 makes from the same seed (`shard_meta`)."
-        return shard_meta(model, self.rank, self.world)
+        if self.quantization == "auto": as_stored(model)            # split in the stored formats
+        return super()._dummy(model, device, dtype, source=shard_meta(model, self.rank, self.world))
 
 def _full_logits(core: TPEngineCore, ids: torch.Tensor) -> torch.Tensor:
     return core.model.logits(ids.to(core.model.head.weight.device)).cpu()
