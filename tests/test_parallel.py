@@ -1,5 +1,5 @@
-"""Tensor parallelism on CPU/gloo: TP=2 reproduces TP=1 (tokens for none/mtp/dspark, logits within 1e-5), rank 0's
-decisions win over a perturbed rank, debug mode names a divergence instead of hanging, an env:// (torchrun-style)
+"""Tensor parallelism on CPU/gloo: TP=2 reproduces TP=1 (tokens for none/mtp/dspark, logits within 1e-5; also with
+weights kept as stored and with dummy weights), rank 0's decisions win over a perturbed rank, debug mode names a divergence instead of hanging, an env:// (torchrun-style)
 launch of two processes works, bad sizes are refused before any worker starts, and workers do not outlive the LLM."""
 import gc
 import json
@@ -196,3 +196,75 @@ def test_a_stop_decision_that_differs_stops_the_group(ckd, capfd):
     assert not any(p.is_alive() for p in procs)
     assert re.search(r"rank 1 stops: TPDivergence: step 1: stop decisions differ across ranks: rank 0: \{'\d+': None",
                      capfd.readouterr().err)
+
+
+def _to_fp32(core):
+    "On every rank: the plain (bf16) tensors of an as-stored target in fp32, so that logits compare at fp32 rounding."
+    _fp32(core.model)
+
+
+def _fp32(model):
+    from dspark.model.weights import StoredLinear
+    for m in model.modules():
+        if isinstance(m, StoredLinear): continue
+        for k, p in list(m.named_parameters(recurse=False)):
+            if p.dtype == torch.bfloat16: setattr(m, k, torch.nn.Parameter(p.detach().float(), requires_grad=False))
+    return model
+
+
+def _clear_logits(model, ids):
+    "Logits of `model` and the positions free of routing near-ties (see `test_tp2_logits_match_unsharded`)."
+    margins, hooks = _routing_margins(model)
+    ref = model.logits(ids)
+    for h in hooks: h.remove()
+    return ref, torch.stack(margins).min(0).values > 1e-5
+
+
+@pytest.fixture(scope="module")
+def fp8_ck(tmp_path_factory):
+    return dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("fp8tp"), drafter="mtp", fmt="fp8")
+
+
+def test_tp2_as_stored_equals_tp1_as_stored(fp8_ck):
+    """Kept as stored (FP8 blocks, FP4 experts), TP=2 with its MTP drafter gives TP=1's greedy tokens wherever TP=1's
+    top-2 logit gap exceeds bf16 noise, and, with the plain tensors cast to fp32 on both sides, TP=1's logits
+    within 1e-5 at every position free of routing near-ties (the stored codes are the same bytes)."""
+    kw = dict(quantization="auto", **KV)
+    one = dspark.LLM(fp8_ck, **kw)
+    ref = _ids(one.generate(PROMPTS, SP, use_tqdm=False))
+    model = one.engine.model
+    one.close()
+    llm = dspark.LLM(fp8_ck, tensor_parallel_size=2, speculative="mtp", num_speculative_tokens=2, **kw)
+    got = _ids(llm.generate(PROMPTS, SP, use_tqdm=False))
+    for p, r, g in zip(PROMPTS, ref, got):
+        lg = model.logits(torch.tensor([p + r]))[0, len(p) - 1:-1].float()
+        top = lg.topk(2, -1).values
+        safe = next((i for i, m in enumerate((top[:, 0] - top[:, 1]).tolist()) if m < 0.25), len(r))
+        assert g[:safe] == r[:safe], (p, r, g, safe)
+    ids = torch.tensor([PROMPTS[1]])
+    want, clear = _clear_logits(_fp32(model), ids)
+    llm.run_on_ranks(_to_fp32)
+    tp = llm.logits(ids)
+    llm.close()
+    assert clear.sum().item() >= ids.shape[1] - 2
+    assert tp.dtype == torch.float32 and (tp - want)[:, clear].abs().max().item() < 1e-5
+
+
+def test_tp2_dummy_weights_are_tp1s_sliced(fp8_ck, tmp_path):
+    """`load_format="dummy"` under TP=2, from a directory holding only `config.json`: each rank makes its slices of the
+    weights TP=1 makes from the same seed (replicated tensors agree across ranks), so it generates, and its logits
+    equal the unsharded dummy model's (fp32 plain tensors) within 1e-5."""
+    from dspark.model.checkpoint import load_config, meta_target
+    from dspark.model.weights import dummy_weights
+    (tmp_path / "config.json").write_text((fp8_ck / "config.json").read_text())
+    llm = dspark.LLM(tmp_path, tensor_parallel_size=2, quantization="auto", load_format="dummy", seed=7,
+                     speculative="mtp", num_speculative_tokens=2, **KV)
+    out = _ids(llm.generate(PROMPTS, SP, use_tqdm=False))
+    assert [len(t) for t in out] == [SP.max_tokens] * 2
+    ids = torch.tensor([PROMPTS[1]])
+    want, clear = _clear_logits(_fp32(dummy_weights(meta_target(load_config(tmp_path), quantization="auto"), seed=7)), ids)
+    llm.run_on_ranks(_to_fp32)
+    tp = llm.logits(ids)
+    llm.close()
+    assert clear.sum().item() >= ids.shape[1] - 2
+    assert (tp - want)[:, clear].abs().max().item() < 1e-5

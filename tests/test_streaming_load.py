@@ -143,26 +143,28 @@ def test_mtp_loader_reads_only_mtp(fp8_ckpt, monkeypatch):
     assert m.state_dict()["mtp.0.e_proj.weight"].dtype == torch.float32
 
 
-@pytest.mark.parametrize("fmt", ["float32", "fp8"])
-def test_tp_shards_equal_sharded_full_model(fmt, tiny_ckpt, fp8_ckpt, monkeypatch):
+@pytest.mark.parametrize("fmt,q", [("float32", "none"), ("fp8", "none"), ("fp8", "auto")])
+def test_tp_shards_equal_sharded_full_model(fmt, q, tiny_ckpt, fp8_ckpt, monkeypatch):
     """Each rank's streamed slices equal `shard_model` / `shard_drafter` applied to the whole model (FP8 splits
-    inside 128-blocks too), for the target and its drafter (DSpark stages in the fp32 checkpoint, MTP in the fp8 one)."""
+    inside 128-blocks too), for the target and its drafter (DSpark stages in the fp32 checkpoint, MTP in the fp8 one),
+    dequantised or kept as stored (the same bytes: FP8 codes with the scale blocks that cover them)."""
     from dspark.model.drafter import load_drafter
     from dspark.model.mtp import load_mtp
     ck = tiny_ckpt if fmt == "float32" else fp8_ckpt
     load_d = load_drafter if fmt == "float32" else load_mtp
-    full = dspark.load_target(ck)
-    full_d = load_d(ck, full)
+    full = dspark.load_target(ck, quantization=q)
+    full_d = load_d(ck, full, quantization=q)
     monkeypatch.setattr(ck_mod, "CheckpointReader", _Spy)
+    raw = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t
     for rank in range(2):
         want = copy.deepcopy(full); shard_model(want, rank, 2)
-        got = load_target_shard(ck, rank, 2)
+        got = load_target_shard(ck, rank, 2, quantization=q)
         want_d = copy.deepcopy(full_d); shard_drafter(want_d, rank, 2)
         _Spy.made.clear()
-        got_d = load_d(ck, got, shard=tp_drafter(rank, 2, full.cfg.n_routed_experts))
+        got_d = load_d(ck, got, shard=tp_drafter(rank, 2, full.cfg.n_routed_experts), quantization=q)
         for a, b in ((want.state_dict(), got.state_dict()), (want_d.state_dict(), got_d.state_dict())):
             assert list(a) == list(b)
-            for k in a: assert torch.equal(a[k], b[k]), (rank, k)
+            for k in a: assert a[k].dtype == b[k].dtype and torch.equal(raw(a[k]), raw(b[k])), (rank, k)
         (r,) = _Spy.made
         mtp = sum(torch.Size(r.shape(k)).numel() * r.dtype(k).itemsize for k in r.keys() if k.startswith("mtp."))
         assert r.bytes_read < 0.75 * mtp
@@ -211,6 +213,41 @@ def test_tp2_ranks_read_half_and_match(tiny_ckpt, tmp_path):
         assert got["bytes"] == replicated + halved // 2, (rank, got["bytes"], replicated, halved)
         want = full.logits(got["ids"])
         assert (got["logits"] - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_tp2_ranks_read_their_stored_slices(fp8_ckpt, monkeypatch):
+    """Kept as stored, each rank reads half of every split weight (FP8 codes), the scale blocks covering its half,
+    its half of the routed experts (packed FP4 + scales), and every replicated tensor; no value is dequantised."""
+    import re
+    from dspark.distributed import sharding
+    from dspark.model.weights import FP8Linear
+    made = []
+    class Spy(CheckpointReader):
+        def __init__(self, *a, **kw): super().__init__(*a, **kw); made.append(self)
+    monkeypatch.setattr(sharding, "CheckpointReader", Spy)
+    r = CheckpointReader(fp8_ckpt)
+    size = lambda k: torch.Size(r.shape(k)).numel() * r.dtype(k).itemsize
+    keys = [k for k in r.keys() if not k.startswith("mtp.")]
+    split = re.compile(r"^(embed|head)\.weight$|attn\.(wq_b|wo_a|wo_b)\.weight$|attn_sink$|indexer\.(wq_b|weights_proj)\.weight$"
+                       r"|shared_experts\.w[123]\.weight$|\.experts\.\d+\.")
+    scales = re.compile(r"attn\.(wq_b|wo_a|wo_b)\.scale$|indexer\.wq_b\.scale$|shared_experts\.w[123]\.scale$")
+    halved = sum(size(k) for k in keys if split.search(k))
+    replicated = sum(size(k) for k in keys if not split.search(k) and not scales.search(k))
+    covering = sum(size(k) for k in keys if scales.search(k))      # at most all of a split weight's scale blocks
+    for rank in range(2):
+        model = load_target_shard(fp8_ckpt, rank, 2, quantization="auto")
+        assert isinstance(model.layers[2].attn.indexer.wq_b, FP8Linear)
+        got = made[-1].bytes_read
+        assert replicated + halved // 2 + covering // 2 <= got <= replicated + halved // 2 + covering, (rank, got)
+
+
+def test_stored_split_inside_a_block_is_refused(fp8_ckpt):
+    "A width whose split cuts a 128-block of FP8 scales is refused, naming the tensor (it splits fine dequantised)."
+    cfg = ck_mod.load_config(fp8_ckpt, {"moe_intermediate_size": 384})      # 192 per rank: rank 1 starts mid-block
+    with pytest.raises(ValueError, match=r"layers\.0\.ffn\.shared_experts\.w1\.weight: 2 ranks split its output width "
+                                         r"384 into slices of 192, and rank 1's starts at 192"):
+        shard_model(meta_target(cfg, quantization="auto"), 0, 2)
+    shard_model(meta_target(cfg, quantization="none"), 0, 2)
 
 
 def test_quantization_argument(tiny_ckpt):

@@ -133,12 +133,13 @@ def test_llm_greedy_tokens_auto_equal_none(ckpt, speculative, request):
     assert outs["auto"] == outs["none"] and all(len(t) == 5 for t in outs["auto"])
 
 
-def test_stored_experts_and_tp_decline(fp8):
+def test_stored_experts_decline_stacking_and_shard_as_stored(fp8):
     model = load_fp8(fp8)
     with pytest.raises(TypeError, match="stored dtypes"): model.to(torch.float32)   # codes are not values
     assert set_moe_impl(model, "dense") == 0 and model.layers[0].ffn.impl == "loop"
     with pytest.raises(ValueError, match="kept as stored"): stack_experts(model.layers[0].ffn)
-    with pytest.raises(ValueError, match="kept as stored"): shard_block(model.layers[0], 0, 2)
+    shard_block(model.layers[0], 1, 2)                 # tensor parallelism slices stored codes with their scale blocks
+    assert isinstance(model.layers[0].attn.wq_b, FP8Linear) and isinstance(model.layers[0].ffn.experts[0].w1, FP4Linear)
 
 
 def test_dummy_weights(fp8, tmp_path):

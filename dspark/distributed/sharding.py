@@ -20,15 +20,16 @@ from torch import nn
 from ..model.attention import Attention, Indexer
 from ..config import ModelConfig
 from ..model.layers import Expert, MoE
-from ..model.checkpoint import CheckpointError, CheckpointReader, load_config, meta_target, tid2eid_check
+from ..model.checkpoint import CheckpointReader, load_config, meta_target, tid2eid_check
 from ..model.reader import scale_slice, stream_state
 from ..model.transformer import Block, Transformer
-from ..model.weights import StoredLinear
+from ..model.weights import BLOCK, FP4_BLOCK, FP4Linear, FP8Linear, StoredLinear
 
 # %% auto #0
-__all__ = ['tp_problems', 'check_tp_size', 'RowParallelLinear', 'ParallelHead', 'VocabParallelEmbedding', 'ShardedIndexer',
-           'ExpertParallelMoE', 'shard_attention', 'shard_moe', 'shard_block', 'shard_model', 'shard_drafter',
-           'tp_slice', 'tp_source', 'tp_drafter', 'load_target_shard', 'TPDivergence', 'RankCanon']
+__all__ = ['tp_problems', 'check_tp_size', 'RowParallelLinear', 'RowParallelFP8Linear', 'ParallelHead', 'VocabParallelEmbedding',
+           'split_linear', 'ShardedIndexer', 'ExpertParallelMoE', 'shard_attention', 'shard_moe', 'shard_block',
+           'shard_model', 'shard_drafter', 'tp_slice', 'tp_source', 'tp_drafter', 'load_target_shard', 'shard_meta',
+           'TPDivergence', 'RankCanon']
 
 # %% ../../nbs/30_parallel.ipynb #d5c07bd7
 def tp_problems(cfg: ModelConfig, n: int) -> list[str]:
@@ -58,12 +59,17 @@ def _rows(t: torch.Tensor, rank: int, world: int, dim: int = 0) -> torch.Tensor:
     n = t.shape[dim] // world
     return t.narrow(dim, rank * n, n)
 
-class RowParallelLinear(nn.Linear):
-    "Holds a slice of the input features; every rank's partial product is summed by an all-reduce."
+class _RowParallel:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
         dist.all_reduce(y)
         return y
+
+class RowParallelLinear(_RowParallel, nn.Linear):
+    "Holds a slice of the input features; every rank's partial product is summed by an all-reduce."
+
+class RowParallelFP8Linear(_RowParallel, FP8Linear):
+    "`RowParallelLinear` kept as stored: a slice of the FP8 input columns with the scale blocks that cover them."
 
 class ParallelHead(nn.Linear):
     "Holds a slice of the vocabulary; the logit slices are gathered, so every rank has the full logits."
@@ -86,6 +92,38 @@ class VocabParallelEmbedding(nn.Module):
         dist.all_reduce(out)
         return out
 
+def _blocks(lin: StoredLinear, dim: int) -> tuple[int, bool]:
+    "The width of one scale block of `lin` along `dim` (in values), and whether a slice may sit inside one block."
+    return (BLOCK, True) if isinstance(lin, FP8Linear) else ((1, FP4_BLOCK)[dim], False)
+
+def split_linear(lin: nn.Module, rank: int, world: int, dim: int, name: str = "", row_parallel: bool = False) -> nn.Module:
+    """Rank `rank`'s slice of the linear map `lin` along `dim` (0: output rows, column-parallel; 1: input columns,
+    row-parallel, all-reduced when `row_parallel`), in `lin`'s own format: a dense weight is narrowed; a stored one
+    keeps its codes and takes the scale blocks that cover them (on `meta`: shapes only). A stored split must follow
+    the scale blocks: each rank's slice starts on a block boundary, or (FP8) lies inside one 128-block, whose scale
+    it then shares with its neighbour; otherwise `ValueError` names the tensor (`name`)."""
+    if not isinstance(lin, StoredLinear):
+        return _linear(_rows(lin.weight, rank, world, dim), RowParallelLinear if row_parallel else nn.Linear)
+    full = (lin.out_features, lin.in_features)[dim]
+    n, (block, shared) = full // world, _blocks(lin, dim)
+    bad = [r for r in range(world) if r * n % block and not (shared and r * n // block == ((r + 1) * n - 1) // block)]
+    if bad:
+        raise ValueError(f"{name or type(lin).__name__}.weight: {world} ranks split its {('output', 'input')[dim]} width "
+                         f"{full} into slices of {n}, and rank {bad[0]}'s starts at {bad[0] * n}, inside a {block}-wide "
+                         f"scale block; kept as stored (quantization='auto') it needs slices on block boundaries "
+                         f"(use quantization='none', or a tensor_parallel_size that splits on whole blocks)")
+    pack = 2 if isinstance(lin, FP4Linear) and dim == 1 else 1            # packed FP4: two inputs per byte
+    wsl = (dim, rank * n // pack, (rank + 1) * n // pack)
+    ssl, _ = scale_slice(lin.weight.dtype, wsl)
+    size = (n, lin.in_features) if dim == 0 else (lin.out_features, n)
+    cls = type(lin) if not row_parallel else RowParallelFP8Linear if isinstance(lin, FP8Linear) else None
+    if cls is None: raise ValueError(f"{name}: a row-parallel split is made for FP8 or dense linears, not {type(lin).__name__}")
+    new = cls(size[1], size[0], device=lin.weight.device)
+    if not lin.weight.is_meta:
+        new.weight = _param(lin.weight.narrow(dim, wsl[1], wsl[2] - wsl[1]))
+        new.scale = _param(lin.scale.narrow(dim, ssl[1], ssl[2] - ssl[1]))
+    return new
+
 # %% ../../nbs/30_parallel.ipynb #14e2144d
 class ShardedIndexer(Indexer):
     "Lightning indexer over this rank's heads; scores all-reduced (with the global-head scale) before top-k."
@@ -104,35 +142,32 @@ class ExpertParallelMoE(MoE):
         return out.to(x.dtype).reshape(x.shape)
 
 # %% ../../nbs/30_parallel.ipynb #8339dc2a
-def shard_attention(attn: Attention, rank: int, world: int) -> None:
-    "Keep this rank's query heads, output groups and indexer heads; `wo_b` becomes row-parallel."
+def shard_attention(attn: Attention, rank: int, world: int, prefix: str = "attn.") -> None:
+    """Keep this rank's query heads, output groups and indexer heads; `wo_b` becomes row-parallel. Heads and groups
+    are contiguous rows of `wq_b` and `wo_a` (and columns of `wo_b`), so each split is one slice of the weight."""
     cfg = attn.cfg
-    H, g, d, r = cfg.num_attention_heads, cfg.o_groups, cfg.head_dim, cfg.o_lora_rank
-    attn.cfg = replace(cfg, num_attention_heads=H // world, o_groups=g // world)
-    attn.wq_b = _linear(_rows(attn.wq_b.weight.view(H, d, -1), rank, world).flatten(0, 1))
+    attn.cfg = replace(cfg, num_attention_heads=cfg.num_attention_heads // world, o_groups=cfg.o_groups // world)
+    attn.wq_b = split_linear(attn.wq_b, rank, world, 0, prefix + "wq_b")
     attn.attn_sink = _param(_rows(attn.attn_sink, rank, world))
-    attn.wo_a = _linear(_rows(attn.wo_a.weight.view(g, r, -1), rank, world).flatten(0, 1))
-    attn.wo_b = _linear(_rows(attn.wo_b.weight.view(-1, g, r), rank, world, dim=1).flatten(1), RowParallelLinear)
+    attn.wo_a = split_linear(attn.wo_a, rank, world, 0, prefix + "wo_a")
+    attn.wo_b = split_linear(attn.wo_b, rank, world, 1, prefix + "wo_b", row_parallel=True)
     if hasattr(attn, "indexer"):
         ix, hi = attn.indexer, attn.indexer.heads
         ix.__class__, ix.global_heads, ix.heads = ShardedIndexer, hi, hi // world
-        ix.wq_b = _linear(_rows(ix.wq_b.weight.view(hi, ix.dim, -1), rank, world).flatten(0, 1))
-        ix.weights_proj = _linear(_rows(ix.weights_proj.weight, rank, world))
+        ix.wq_b = split_linear(ix.wq_b, rank, world, 0, prefix + "indexer.wq_b")
+        ix.weights_proj = split_linear(ix.weights_proj, rank, world, 0, prefix + "indexer.weights_proj")
 
-def shard_moe(moe: MoE, rank: int, world: int) -> None:
-    "Keep this rank's routed experts and its column/row slice of the shared expert."
+def shard_moe(moe: MoE, rank: int, world: int, prefix: str = "ffn.") -> None:
+    "Keep this rank's routed experts (whole, in whatever format) and its column/row slice of the shared expert."
     n = len(moe.experts) // world
     moe.__class__, moe.first = ExpertParallelMoE, rank * n
     moe.experts = nn.ModuleList(list(moe.experts)[rank * n:(rank + 1) * n])
-    se = moe.shared_experts
-    se.w1, se.w3 = _linear(_rows(se.w1.weight, rank, world)), _linear(_rows(se.w3.weight, rank, world))
-    se.w2 = _linear(_rows(se.w2.weight, rank, world, dim=1))
+    se, p = moe.shared_experts, prefix + "shared_experts."
+    se.w1, se.w3 = (split_linear(getattr(se, w), rank, world, 0, p + w) for w in ("w1", "w3"))
+    se.w2 = split_linear(se.w2, rank, world, 1, p + "w2")
 
-def shard_block(blk: Block, rank: int, world: int) -> None:
-    if any(isinstance(m, StoredLinear) for m in blk.modules()):
-        raise ValueError("tensor parallelism slices dense weights; a block kept as stored (quantization='auto') must "
-                         "be sliced by the loader, rank by rank")
-    shard_attention(blk.attn, rank, world); shard_moe(blk.ffn, rank, world)
+def shard_block(blk: Block, rank: int, world: int, prefix: str = "") -> None:
+    shard_attention(blk.attn, rank, world, prefix + "attn."); shard_moe(blk.ffn, rank, world, prefix + "ffn.")
 
 def shard_model(model: Transformer, rank: int, world: int) -> None:
     "Shard a loaded target in place for rank `rank` of `world`: embedding, head and every block."
@@ -140,12 +175,12 @@ def shard_model(model: Transformer, rank: int, world: int) -> None:
     V = model.cfg.vocab_size
     model.embed = VocabParallelEmbedding(_rows(model.embed.weight, rank, world), rank * V // world)
     model.head = _linear(_rows(model.head.weight, rank, world), ParallelHead)
-    for blk in model.layers: shard_block(blk, rank, world)
+    for i, blk in enumerate(model.layers): shard_block(blk, rank, world, f"layers.{i}.")
 
 def shard_drafter(drafter: nn.Module, rank: int, world: int) -> None:
     """Shard a DSpark or MTP drafter in place: its stages (`drafter.mtp`) are V4 blocks. It shares the
     target's embedding and head, which `shard_model` already split."""
-    for st in drafter.mtp: shard_block(st, rank, world)
+    for i, st in enumerate(drafter.mtp): shard_block(st, rank, world, f"mtp.{i}.")
 
 # %% ../../nbs/30_parallel.ipynb #b662d842
 _TP_ROWS = re.compile(r"^(embed|head)\.weight$|\.attn\.(wq_b|wo_a)\.(weight|scale)$|\.attn\.attn_sink$"
@@ -171,16 +206,10 @@ def tp_source(model: nn.Module, reader: CheckpointReader, rank: int, world: int,
         m = _EXPERT.match(name)
         name = f"{m[1]}{int(m[2]) + rank * per}{m[3]}" if m else name
         sl = None
-        if name in reader and e.dtype == torch.float8_e8m0fnu:          # an as-stored scale follows its weight
-            w = name.removesuffix(".scale") + ".weight"
-            wsl = tp_slice(w, reader.shape(w), rank, world) if w in reader else None
-            if wsl is not None:
-                sl, off = scale_slice(reader.dtype(w), wsl)
-                full, fp8 = reader.shape(w)[wsl[0]], reader.dtype(w) == torch.float8_e4m3fn
-                ragged = wsl[2] != full and wsl[2] % (128 if fp8 else 16) and (fp8 or wsl[0] == 1)
-                if off or ragged:
-                    raise CheckpointError(f"{w}: rank {rank} of {world} gets [{wsl[1]}, {wsl[2]}) along dim {wsl[0]}, "
-                                          "not whole 128-blocks; FP8 as stored needs block-aligned splits")
+        if name in reader and e.dtype == torch.float8_e8m0fnu:          # an as-stored scale: the blocks covering
+            w = name.removesuffix(".scale") + ".weight"                  # its weight's slice (`split_linear` made
+            wsl = tp_slice(w, reader.shape(w), rank, world) if w in reader else None   # the model's shape so)
+            sl = None if wsl is None else scale_slice(reader.dtype(w), wsl)[0]
         elif name in reader: sl = tp_slice(name, reader.shape(name), rank, world)
         source[k] = (name, sl)
     mine = lambda c: (m := _EXPERT.match(c)) is None or int(m[2]) // per == rank
@@ -205,6 +234,24 @@ def load_target_shard(path, rank: int, world: int, device="cpu", dtype="float32"
         stream_state(model, r, f"checkpoint {path} (rank {rank} of {world})", source=source, scope=scope,
                      check=tid2eid_check(cfg), progress=progress)
     return model.eval()
+
+class _MetaState:
+    "A model's tensors (on `meta`) as `tp_source` reads a checkpoint: keys, shapes and dtypes."
+    def __init__(self, model: nn.Module):
+        self.meta = {k: (t.dtype, tuple(t.shape)) for k, t in model.state_dict().items()}
+    def __contains__(self, k: str) -> bool: return k in self.meta
+    def keys(self) -> list[str]: return list(self.meta)
+    def dtype(self, k: str) -> torch.dtype: return self.meta[k][0]
+    def shape(self, k: str) -> tuple[int, ...]: return self.meta[k][1]
+
+def shard_meta(model: nn.Module, rank: int, world: int) -> dict:
+    """Shard `model` (a target or a drafter on `meta`, dense or as stored) in place for rank `rank` of `world`, and
+    return `dummy_weights`' `source`: model key -> (unsharded key, slice, unsharded shape). Random weights made
+    with it are this rank's slices of those the unsharded model gets from the same seed."""
+    whole, target = _MetaState(model), isinstance(model, Transformer)
+    (shard_model if target else shard_drafter)(model, rank, world)
+    source, _ = tp_source(model, whole, rank, world, model.cfg.n_routed_experts, mtp=not target)
+    return {k: (name, sl, whole.shape(name)) for k, (name, sl) in source.items()}
 
 # %% ../../nbs/30_parallel.ipynb #2539c91c
 class TPDivergence(RuntimeError):

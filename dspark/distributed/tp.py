@@ -25,9 +25,10 @@ import torch.distributed as dist
 
 from ..model.drafter import load_drafter
 from ..model.mtp import load_mtp
-from ..config import load_config
+from ..model.weights import as_stored
+from ..config import load_config, resolve_model
 from ..engine.core import EngineCore
-from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, tp_drafter
+from .sharding import RankCanon, TPDivergence, check_tp_size, load_target_shard, shard_meta, tp_drafter
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")
@@ -163,7 +164,7 @@ class TPEngineCore(EngineCore):
         rdv = _SPAWNED or torchrun_rendezvous()
         self.rank = rdv.rank if rdv else 0
         if self.rank == 0:                                        # refuse bad sizes before any worker starts
-            check_tp_size(load_config(a["model"]), n)
+            check_tp_size(load_config(resolve_model(a["model"]), a["hf_overrides"]), n)
         check_devices(device, n, n if rdv is None or rdv.host else rdv.local_rank + 1)
         if rdv is not None and rdv.world != n:
             raise ValueError(f"tensor_parallel_size={n} but the launcher started {rdv.world} processes (WORLD_SIZE)")
@@ -321,18 +322,23 @@ class TPEngineCore(EngineCore):
         finally: self.close()
         raise SystemExit(code)
 
-    # -- loading: every rank streams only its slice of the checkpoint, straight to its device
+    # -- loading: every rank streams only its slice of the checkpoint (dense or as stored), straight to its device,
+    #    or makes only its slice of the dummy weights
     def _load_target(self, path, device: str, dtype: str):
-        if self.quantization != "none" or self.load_format != "auto":
-            raise NotImplementedError("tensor parallelism loads dense weights: quantization='auto' and "
-                                      "load_format='dummy' need the per-rank loader")
-        return load_target_shard(path, self.rank, self.world, device=device, dtype=dtype)
+        if self.load_format == "dummy": return super()._load_target(path, device, dtype)   # via `_dummy`
+        return load_target_shard(path, self.rank, self.world, device=device, dtype=dtype, quantization=self.quantization)
 
     def _load_drafter(self, path, speculative: str | None):
         "Each rank streams only its slices of `mtp.*`."
+        if self.load_format == "dummy" or speculative is None: return super()._load_drafter(path, speculative)
         shard = tp_drafter(self.rank, self.world, self.model.cfg.n_routed_experts)
-        return (load_drafter(path, self.model, shard=shard) if speculative == "dspark" else
-                load_mtp(path, self.model, shard=shard) if speculative == "mtp" else None)
+        load = load_drafter if speculative == "dspark" else load_mtp
+        return load(path, self.model, quantization=self.quantization, shard=shard)
+
+    def _dummy(self, model, device, dtype):
+        "Dummy weights: this rank's slices of those TP=1 makes from the same seed (`shard_meta`)."
+        if self.quantization == "auto": as_stored(model)            # split in the stored formats
+        return super()._dummy(model, device, dtype, source=shard_meta(model, self.rank, self.world))
 
 def _full_logits(core: TPEngineCore, ids: torch.Tensor) -> torch.Tensor:
     return core.model.logits(ids.to(core.model.head.weight.device)).cpu()

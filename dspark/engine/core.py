@@ -233,10 +233,10 @@ class EngineCore:
         with torch.device("meta"): d = (DSparkDrafter if speculative == "dspark" else MTPDrafter)(self.model.cfg, self.model)
         return self._dummy(d, self.model.embed.weight.device, self.model.embed.weight.dtype)
 
-    def _dummy(self, model, device, dtype):
-        "`model` (built on meta) with random weights made on `device` from `seed` (`--load-format dummy`), as stored for `quantization='auto'`."
-        if self.quantization == "auto": as_stored(model)
-        return dummy_weights(model, self.seed, device, None if self.quantization == "auto" else DTYPES.get(dtype, dtype))
+    def _dummy(self, model, device, dtype, source: dict | None = None):
+        "`model` (built on meta) with random weights made on `device` from `seed` (`--load-format dummy`), as stored for `quantization='auto'`; `source`: a rank's slices (`dummy_weights`)."
+        if (auto := self.quantization == "auto"): as_stored(model)
+        return dummy_weights(model, self.seed, device, None if auto else DTYPES.get(dtype, dtype), source=source)
 
     def close(self) -> None:
         "Release what outlives the object (tensor parallelism's worker processes); nothing on one process."

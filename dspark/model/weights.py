@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/weights.html.md"""
 # %% ../../nbs/07a_weights.ipynb #w002
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 
@@ -198,28 +199,41 @@ def _dummy_plain(name: str, shape: tuple[int, ...], dtype: torch.dtype, cfg, g: 
     else: t = n() * shape[-1] ** -0.5
     return t.to(dtype)
 
-def dummy_weights(model: nn.Module, seed: int = 0, device="cpu", dtype: torch.dtype | None = None) -> nn.Module:
+def _generator(seed: int, name: str, device) -> torch.Generator:
+    "The random stream of tensor `name` alone: its values depend on `seed` and its name, not on the other tensors."
+    h = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(h, "little") >> 1)
+
+def dummy_weights(model: nn.Module, seed: int = 0, device="cpu", dtype: torch.dtype | None = None,
+                  source: dict | None = None) -> nn.Module:
     """Fill every tensor of `model` (built on `meta`, as stored or not) with random weights made on `device` (no host
-    copy), deterministic in `seed`, scaled so that activations stay finite: every linear map's dense weight has an
-    rms of about `fan_in^-1/2` (FP8 codes of rms 64 times a power-of-two block scale; uniformly random FP4 bytes
-    times a per-32 scale). `dtype`: the floating dtype of the plain tensors of a model that is not as stored
-    (fp32 kept for the mixers, sinks, APE and router bias); None keeps each tensor's dtype."""
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
+    copy), deterministic in `seed` and each tensor's name, scaled so that activations stay finite: every linear
+    map's dense weight has an rms of about `fan_in^-1/2` (FP8 codes of rms 64 times a power-of-two block scale;
+    uniformly random FP4 bytes times a per-32 scale). `dtype`: the floating dtype of the plain tensors of a model
+    that is not as stored (fp32 kept for the mixers, sinks, APE and router bias); None keeps each tensor's dtype.
+    `source`: model key -> (key, slice `(dim, start, stop)` or None, shape) of a larger model that `model` holds
+    slices of (a tensor-parallel rank: `shard_meta`); each tensor is then its slice of that model's tensor."""
+    device, source = torch.device(device), source or {}
     cfg, mods, state = model.cfg, dict(model.named_modules()), {}
     for name, t in model.state_dict().items():
+        key, sl, shape = source.get(name, (name, None, tuple(t.shape)))
+        cut = (lambda x: x) if sl is None else (lambda x: x.narrow(sl[0], sl[1], sl[2] - sl[1]).contiguous())
+        g = _generator(seed, key, device)
         owner_name, _, leaf = name.rpartition(".")
         owner = mods.get(owner_name)
+        if isinstance(owner, StoredLinear):              # the fan-in of the whole map, also for a slice of its inputs
+            w = source.get(f"{owner_name}.weight", (None, None, owner.weight.shape))[2]
+            fan_in = w[1] * (2 if isinstance(owner, FP4Linear) else 1)
         if isinstance(owner, FP8Linear):
             if leaf == "weight":
-                w = (torch.randn(t.shape, generator=g, device=device) * FP8_SPREAD).clamp_(-FP8_MAX, FP8_MAX)
-                state[name] = w.to(torch.float8_e4m3fn)
-            else: state[name] = _exponent_fill(t.shape, FP8_SPREAD, owner.in_features, device)
+                w = (torch.randn(shape, generator=g, device=device) * FP8_SPREAD).clamp_(-FP8_MAX, FP8_MAX)
+                state[name] = cut(w).to(torch.float8_e4m3fn)
+            else: state[name] = _exponent_fill(t.shape, FP8_SPREAD, fan_in, device)
         elif isinstance(owner, FP4Linear):
-            if leaf == "weight": state[name] = torch.randint(-128, 128, t.shape, generator=g, device=device, dtype=torch.int8)
-            else: state[name] = _exponent_fill(t.shape, FP4_RMS, owner.in_features, device)
+            if leaf == "weight": state[name] = cut(torch.randint(-128, 128, shape, generator=g, device=device, dtype=torch.int8))
+            else: state[name] = _exponent_fill(t.shape, FP4_RMS, fan_in, device)
         else:
             dt = t.dtype if dtype is None or not t.is_floating_point() else torch.float32 if STORED_FP32.search(name) else dtype
-            state[name] = _dummy_plain(name, tuple(t.shape), dt, cfg, g, device)
+            state[name] = cut(_dummy_plain(key, shape, dt, cfg, g, device))
     model.load_state_dict(state, assign=True)
     return model.eval()
