@@ -74,7 +74,7 @@ async def sse_events(streams, render, head: dict, prompt_lens: list[int], opts: 
     include_usage = bool(opts and opts.include_usage)
     continuous = include_usage and opts.continuous_usage_stats
     choices = [Choice(i) for i in range(len(streams))]
-    for o in opening: yield sse(o)
+    for o in opening: yield sse(o | {"usage": usage(choices, prompt_lens)} if continuous else o)   # vLLM's too
     try:
         async for i, d in merged(streams):
             choices[i].add(d)
