@@ -56,9 +56,14 @@ def test_langchain_openai_completions(base):
 
 # --- LiteLLM ------------------------------------------------------------------------------------------------------
 
-def test_litellm(base):
+@pytest.fixture(scope="module")
+def litellm():
+    "LiteLLM, imported once (about 3 s of imports, outside the test's own time)."
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # no fetch of the price list at import
-    litellm = pytest.importorskip("litellm")
+    return pytest.importorskip("litellm")
+
+
+def test_litellm(base, litellm):
     kw = dict(model="openai/tiny", api_base=base, api_key=KEY, max_tokens=N, temperature=0,
               messages=[{"role": "user", "content": "Say something"}])
     one = litellm.completion(**kw)
