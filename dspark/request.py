@@ -44,7 +44,7 @@ class Request:         # equality built tuples of every field on each comparison
         """Greedy and without logprobs: a request a fused round or a step launched ahead can serve. Kept: the runner
         and capacity control ask it of every request every step (at 64 requests the property chain cost ~11 µs a
         step on the host), and a request's sampling settings do not change."""
-        return self.params.greedy and self.params.logprobs is None and not self.params.processed
+        return self.params.greedy and self.params.logprobs is None and self.params.prompt_logprobs is None and not self.params.processed
     def span(self, a: int, b: int) -> list[int]:
         """Token ids at positions `[a, b)` of prompt + output + drafts, without building the whole sequence (a
         step touches a few positions of each request; copying its whole context every step is O(context))."""
@@ -63,4 +63,5 @@ class Request:         # equality built tuples of every field on each comparison
 def all_plain_greedy(reqs) -> bool:
     "Whether every request is `plain_greedy` (a request-like object without the cached flag: by its `params`)."
     try: return all([r.plain_greedy for r in reqs])
-    except AttributeError: return all(r.params.greedy and r.params.logprobs is None and not r.params.processed for r in reqs)
+    except AttributeError: return all(r.params.greedy and r.params.logprobs is None and r.params.prompt_logprobs is None
+                                      and not r.params.processed for r in reqs)

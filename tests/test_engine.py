@@ -230,3 +230,24 @@ def test_llm_without_a_model_loads_the_embedded_default():
     assert llm.model_path == DEFAULT_MODEL and llm.engine.model_path == DEFAULT_MODEL
     out = llm.generate(["def main("], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 4 and out.prompt_token_ids == llm.tokenizer.encode("def main(")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prompt_logprobs_over_chunked_prefill_equal_the_full_forward(tiny_ckpt, tiny_model, temperature):
+    """`SamplingParams.prompt_logprobs`: a prompt prefilled in 16-token chunks, with DSpark drafting, hands back on its
+    first delta every prompt token's logprob, rank and top-k, equal to one full forward's (the first token: None)."""
+    llm = LLM(tiny_ckpt, speculative="dspark", num_speculative_tokens=3, max_model_len=256,
+              kv_cache_memory_bytes=32 * 2**20, max_num_seqs=4, max_num_batched_tokens=16)
+    ids = [5 + (7 * i) % 400 for i in range(70)]
+    rid = llm.add_request(ids, SamplingParams(temperature=temperature, max_tokens=4, prompt_logprobs=3, seed=1))
+    deltas = []
+    while llm.has_unfinished_requests(): deltas += llm.step()
+    assert deltas[0].prompt_logprobs is not None and all(d.prompt_logprobs is None for d in deltas[1:])
+    plp, ref = deltas[0].prompt_logprobs, tiny_model.logits(torch.tensor([ids]))[0].log_softmax(-1)
+    assert len(plp) == len(ids) and plp[0] is None
+    for j in range(1, len(ids)):
+        rank, d = plp[j]
+        assert next(iter(d)) == ids[j] and d[ids[j]] == pytest.approx(ref[j - 1, ids[j]].item(), abs=1e-4)
+        assert rank == int((ref[j - 1] > ref[j - 1, ids[j]]).sum()) + 1
+        assert set(ref[j - 1].topk(3).indices.tolist()) <= set(d)
+    llm.pop_output(rid)

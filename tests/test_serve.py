@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 
 from dspark.entrypoints.llm import LLM
 from dspark.engine.metrics import scrape, spec_decode_delta
@@ -184,6 +185,11 @@ BAD = [  # (name, path, body or raw bytes, status, field/message fragment)
     ("n too large", "/v1/completions", {"prompt": "x", "n": 1000}, 400, "n must"),
     ("logprobs too many", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
     ("unsupported field", "/v1/completions", {"prompt": "x", "tools": []}, 400, "tools"),
+    ("best_of beyond n", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ("skip_special_tokens off", "/v1/completions", {"prompt": "x", "skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ("prompt_logprobs too many", "/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
+    ("prompt_logprobs on a stream", "/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
+    ("prompt_logprobs wrong type", "/v1/completions", {"prompt": "x", "prompt_logprobs": "2"}, 400, "prompt_logprobs"),
     ("presence_penalty out of range", "/v1/completions", {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("repetition_penalty 0", "/v1/completions", {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("min_p out of range", "/v1/completions", {"prompt": "x", "min_p": 1.5}, 400, "min_p"),
@@ -334,3 +340,64 @@ def test_head_answers_wherever_get_does(server):
     for path in ("/health", "/version", "/metrics", "/v1/models"):
         r = httpx.head(server.url + path, headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 200 and r.content == b"", path
+
+
+def test_fields_no_api_defines_are_ignored(client):
+    "Issue 44: a top-level field nobody defines is logged and ignored (as vLLM does); OpenAI's and vLLM's at neutral pass."
+    ref = client.completions.create(model="tiny", prompt="Simple is", max_tokens=4, temperature=0)
+    got = client.completions.create(model="tiny", prompt="Simple is", max_tokens=4, temperature=0, best_of=1, suffix=None,
+                                    extra_body={"frobnicate": {"x": 1}, "skip_special_tokens": True, "priority": 0})
+    assert got.choices[0].text == ref.choices[0].text
+
+
+def reference_logprobs(model, ids: list[int]) -> torch.Tensor:
+    "The target's log-probabilities at every prompt position, from a plain full forward: row j predicts token j + 1."
+    return model.logits(torch.tensor([ids]))[0].log_softmax(-1)
+
+
+def test_echo_with_logprobs_is_lm_evals_loglikelihood(server, offline, tiny_model):
+    """lm-eval's `local-completions` loglikelihood request (token ids, `echo`, `logprobs: 1`, `max_tokens: 1`): the
+    prompt's tokens come back before the completion with their logprobs — the first null — equal to the target's."""
+    ids = offline.encode_prompt("Beautiful is better than ugly. Explicit is")[1]
+    body = {"model": "tiny", "prompt": [ids], "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    ref = reference_logprobs(tiny_model, ids)
+    assert len(lp["token_logprobs"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    want = [ref[j - 1, t].item() for j, t in enumerate(ids) if j]
+    assert max(abs(a - b) for a, b in zip(lp["token_logprobs"][1:len(ids)], want)) < 1e-4
+    for j in range(1, len(ids)):                                       # the best alternative is the target's argmax
+        assert max(lp["top_logprobs"][j].values()) == pytest.approx(ref[j - 1].max().item(), abs=1e-4)
+    alone = post(server, "/v1/completions", body | {"max_tokens": 0}).json()["choices"][0]   # the prompt alone
+    assert alone["text"] == offline.tokenizer.decode(ids) and alone["logprobs"]["token_logprobs"] == lp["token_logprobs"][:-1]
+
+
+def test_echo_text_and_stream(client):
+    "`echo` puts the prompt's text before each choice's, streamed or not; the stream spells the same text."
+    whole = client.completions.create(model="tiny", prompt=["Simple is", "Flat is"], max_tokens=4, temperature=0, echo=True, n=2)
+    plain = client.completions.create(model="tiny", prompt=["Simple is", "Flat is"], max_tokens=4, temperature=0, n=2)
+    assert [c.text for c in whole.choices] == [p + c.text for p, c in zip(["Simple is"] * 2 + ["Flat is"] * 2, plain.choices)]
+    chunks = list(client.completions.create(model="tiny", prompt="Simple is", max_tokens=4, temperature=0, echo=True,
+                                            logprobs=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[0].choices[0].logprobs.token_logprobs[0] is None
+
+
+def test_prompt_logprobs_skip_the_prefix_cache(server, tiny_model):
+    """vLLM's `prompt_logprobs: k`: per prompt token its logprob, rank and the top k (the first null), computed from the
+    prefill — so a request that asks for them reuses no cached prefix, while a plain one with the same prompt does."""
+    ids = [5 + (7 * i) % 400 for i in range(150)]                      # more than two 64-token blocks
+    plain = {"model": "tiny", "prompt": ids, "max_tokens": 2, "temperature": 0}
+    post(server, "/v1/completions", plain)
+    assert post(server, "/v1/completions", plain).json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    r = post(server, "/v1/completions", plain | {"prompt_logprobs": 2}).json()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    plp, ref = r["choices"][0]["prompt_logprobs"], reference_logprobs(tiny_model, ids)
+    assert len(plp) == len(ids) and plp[0] is None
+    for j in (1, 70, 149):
+        row, t = plp[j], ids[j]
+        assert row[str(t)]["logprob"] == pytest.approx(ref[j - 1, t].item(), abs=1e-4)
+        assert row[str(t)]["rank"] == int((ref[j - 1] > ref[j - 1, t]).sum()) + 1
+        top = sorted((v for k, v in row.items() if v["rank"] <= 2), key=lambda v: v["rank"])
+        assert [v["logprob"] for v in top][:2] == pytest.approx(ref[j - 1].topk(2).values.tolist(), abs=1e-4)

@@ -403,7 +403,7 @@ class EngineCore:
             if reason: self.scheduler.finish(r, reason); self.runner.forget(rid)
             end = len(t.text) if reason else max(t.sent, len(t.text) - t.holdback)
             deltas.append(RequestDelta(rid, new, t.text[t.sent:end], out.logprobs.get(rid, [])[: len(new)] or None,
-                                       reason, len(r.prompt_ids), len(r.output_ids), r.num_cached_tokens))
+                                       reason, len(r.prompt_ids), len(r.output_ids), r.num_cached_tokens, prompt_logprobs=out.prompt_logprobs.get(rid)))
             t.sent = end
         return deltas
 

@@ -42,6 +42,8 @@ class RequestDelta:
     num_output_tokens: int = 0           # all output tokens so far
     num_cached_tokens: int = 0
     error: str | None = None             # why a step failed this request (finish_reason "error"); the engine goes on
+    prompt_logprobs: list | None = None  # on a request's first delta, if asked (`SamplingParams.prompt_logprobs`): per prompt
+                                         # token None for the first, then (its rank, {it: logprob, the top-k: theirs})
 
     @property
     def finished(self) -> bool: return self.finish_reason is not None

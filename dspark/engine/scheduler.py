@@ -86,8 +86,9 @@ class KVCacheManager:
         return max(0, pos - self.cfg.sliding_window + 1) // self.cc.block_size
 
     def lookup(self, req: Request) -> int:
-        "Number of leading blocks of `req` that can be taken from the prefix cache."
-        if not self.prefix: return 0
+        """Number of leading blocks of `req` that can be taken from the prefix cache (none for a request that asks for
+        its prompt's logprobs: they come from the prefill's logits, so every prompt position is computed)."""
+        if not self.prefix or req.params.prompt_logprobs is not None: return 0
         hs = self._hashes(req)[: (req.num_tokens - 1) // self.cc.block_size]
         k = 0
         while k < len(hs) and self.comp.lookup(hs[k]) is not None: k += 1

@@ -8,11 +8,12 @@ Docs: https://dspark-dev.github.io/dspark/protocol.html.md"""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +31,8 @@ __all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'Con
            'ChatMessage', 'FunctionDef', 'Tool', 'NamedToolChoice', 'ChatCompletionRequest', 'TokenizeRequest',
            'DetokenizeRequest', 'APIError', 'error_body', 'validation_message', 'install_error_handlers',
            'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages', 'Choice', 'usage', 'response_id',
-           'request_id', 'completion_logprobs', 'chat_logprobs', 'sse']
+           'request_id', 'completion_logprobs', 'completion_prompt_logprobs', 'echoed', 'prompt_logprobs_out',
+           'prompt_texts', 'completion_choice', 'chat_logprobs', 'sse']
 
 # %% ../../nbs/32_protocol.ipynb #9ec1b948
 class _Strict(BaseModel):
@@ -71,7 +73,9 @@ class _SamplingFields(_Strict):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool = False                        # the prompt before the text (and its tokens' logprobs, with logprobs)
+    prompt_logprobs: int | None = None        # vLLM's: each prompt token's logprob, rank and top-k, on every choice
+    NEUTRAL: ClassVar[dict] = {"add_special_tokens": True}
 
 class ContentPart(_Strict):
     type: Literal["text"]
@@ -118,6 +122,8 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict | None = None          # vLLM's: thinking, reasoning_effort (chapter 32d)
     reasoning_effort: str | None = None
+    NEUTRAL: ClassVar[dict] = {"add_special_tokens": False, "echo": False, "add_generation_prompt": True,
+                               "continue_final_message": False}
 
 class TokenizeRequest(_Strict):
     model: str | None = None
@@ -129,7 +135,15 @@ class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
 
-NEUTRAL = {"echo": False}
+NEUTRAL = {    # fields OpenAI or vLLM define that would change the output and that we do not implement: their neutral values
+    "suffix": None, "best_of": 1, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False,
+    "include_stop_str_in_output": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    "allowed_token_ids": None, "bad_words": [], "truncate_prompt_tokens": None, "return_tokens_as_token_ids": False,
+    "logits_processors": None, "prompt_embeds": None, "structured_outputs": None, "guided_json": None,
+    "guided_regex": None, "guided_choice": None, "guided_grammar": None, "response_format": {"type": "text"},
+    "tools": None, "tool_choice": "none", "functions": None, "function_call": "none", "chat_template": None,
+    "documents": None, "prediction": None, "audio": None, "modalities": ["text"], "mm_processor_kwargs": None,
+    "vllm_xargs": None}
 MAX_N = 16                                  # most choices one prompt may ask for
 
 # %% ../../nbs/32_protocol.ipynb #f6bbf1f7
@@ -196,21 +210,29 @@ def unknown_fields(m: BaseModel, where: str = "") -> list[str]:
     return out
 
 def check_unsupported(req: _Strict) -> None:
-    """400 for what we do not implement — unknown names at any depth, known ones away from their neutral value —
-    and for an `n` out of range: the first checks a request gets, before any other work."""
-    extra = unknown_fields(req)
-    if extra: raise APIError(400, f"unsupported field(s): {', '.join(extra)}", extra[0])
+    """The first checks a request gets, before any other work: 400 for an `n` out of range and for what we do not
+    implement — a field OpenAI or vLLM defines (`NEUTRAL`, and the request type's own) away from its neutral value
+    or null (`best_of` may also equal `n`), an unknown field inside a message, a content part or `stream_options`
+    — while a top-level field nobody defines is logged and ignored, as vLLM does."""
+    top = req.model_extra or {}
+    nested = [f for f in unknown_fields(req) if f not in top]
+    if nested: raise APIError(400, f"unsupported field(s): {', '.join(nested)}", nested[0])
     n = getattr(req, "n", 1)
     if not 1 <= n <= MAX_N: raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "n")
-    for name, neutral in NEUTRAL.items():
-        if name in type(req).model_fields and getattr(req, name) != neutral:
-            raise APIError(400, f"{name}={getattr(req, name)!r} is not supported (only {neutral!r})", name)
+    known = NEUTRAL | getattr(type(req), "NEUTRAL", {})
+    same = lambda v, w: v == w and isinstance(v, bool) == isinstance(w, bool)
+    for name, v in top.items():
+        if name not in known or v is None or same(v, known[name]) or (name == "best_of" and same(v, n)): continue
+        raise APIError(400, f"{name}={v!r:.80} is not supported (only {known[name]!r}{' or n' if name == 'best_of' else ''})", name)
+    ignored = [k for k in top if k not in known]
+    if ignored: log.warning("ignoring field(s) no API defines: %s", ", ".join(k[:40] for k in ignored[:10]))
     opts = getattr(req, "stream_options", None)
     if opts is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
-                    logprobs: int | None, choice: int = 0, vocab_size: int | None = None) -> SamplingParams:
+                    logprobs: int | None, choice: int = 0, vocab_size: int | None = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     "The engine's `SamplingParams` for one choice; ValueErrors name the field (`logit_bias` ids checked against `vocab_size`)."
     room = max_model_len - prompt_len
     if max_tokens is None: max_tokens = room
@@ -229,7 +251,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
                             max_tokens=max_tokens, seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
                             ignore_eos=req.ignore_eos, logprobs=logprobs, presence_penalty=req.presence_penalty,
                             frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-                            min_p=req.min_p, min_tokens=req.min_tokens, logit_bias=req.logit_bias)
+                            min_p=req.min_p, min_tokens=req.min_tokens, logit_bias=req.logit_bias,
+                            prompt_logprobs=prompt_logprobs)
         if vocab_size is not None: sp.check_vocab(vocab_size)
         return sp
     except ValueError as e:
@@ -260,10 +283,12 @@ class Choice:
     finish_reason: str | None = None
     num_prompt: int = 0
     num_cached: int = 0
+    prompt_logprobs: list | None = None
 
     def add(self, d: RequestDelta) -> None:
         self.text += d.text; self.token_ids = (self.token_ids or []) + d.token_ids
         if d.logprobs: self.logprobs = (self.logprobs or []) + d.logprobs
+        if d.prompt_logprobs is not None: self.prompt_logprobs = d.prompt_logprobs
         self.finish_reason, self.num_prompt, self.num_cached = d.finish_reason, d.num_prompt_tokens, d.num_cached_tokens
 
 def usage(choices: list[Choice], prompt_lens: list[int], reasoning_tokens: int | None = None) -> dict:
@@ -287,16 +312,65 @@ def request_id(given: str | None) -> str:
     if given and len(given) <= 128 and all("!" <= ch <= "~" for ch in given): return given
     return uuid.uuid4().hex
 
-def completion_logprobs(tok, token_ids: list[int], lps: list[dict], offset: int) -> dict:
-    "The completions API's logprobs object for some tokens (`offset`: characters of text before them)."
+def completion_logprobs(tok, token_ids: list[int], lps: list[dict | None], offset: int) -> dict:
+    "The completions API's logprobs object for some tokens (`offset`: characters of text before them; a None: no logprob, as an echoed prompt's first token)."
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for t, lp in zip(token_ids, lps):
         s = tok.decode([t], skip_special_tokens=False)
-        out["tokens"].append(s); out["token_logprobs"].append(lp[t]); out["text_offset"].append(offset)
-        top = {}
-        for k, v in lp.items(): top.setdefault(tok.decode([k], skip_special_tokens=False), v)   # first (chosen, then best) wins
+        out["tokens"].append(s); out["token_logprobs"].append(None if lp is None else lp[t]); out["text_offset"].append(offset)
+        top = None if lp is None else {}
+        for k, v in (lp or {}).items(): top.setdefault(tok.decode([k], skip_special_tokens=False), v)   # first (chosen, then best) wins
         out["top_logprobs"].append(top)
         offset += len(s)
+    return out
+
+def completion_prompt_logprobs(req: CompletionRequest) -> int | None:
+    """How many alternatives the engine lists per prompt token (None: no prompt logprobs), by vLLM's rule:
+    `prompt_logprobs`, and with `echo` and `logprobs` at least `logprobs`. 400 for a count out of range or for
+    `prompt_logprobs` on a stream (vLLM sends them on no stream)."""
+    k = req.prompt_logprobs
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise APIError(400, f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", "prompt_logprobs")
+    if k is not None and req.stream: raise APIError(400, "prompt_logprobs is not available when stream is true", "prompt_logprobs")
+    if req.echo and req.logprobs is not None and 0 <= req.logprobs <= MAX_LOGPROBS: k = max(k or 0, req.logprobs)
+    return k
+
+def echoed(req: CompletionRequest, prompt: tuple[str, list[int]], text: str, ids: list[int], lps: list,
+           entries: list | None) -> tuple[str, list[int], list]:
+    """`echo`: a choice's first text, ids and logprobs behind its prompt's (`prompt`: text and ids; `entries`: the
+    engine's prompt logprobs), or the prompt's alone when `max_tokens` is 0. The prompt's first token has no logprob;
+    each other lists the `logprobs` best alternatives."""
+    k = req.logprobs or 0
+    best = lambda d: dict(itertools.islice(d.items(), 1)) | dict(sorted(d.items(), key=lambda kv: -kv[1])[:k])
+    plps = [None if e is None else best(e[1]) for e in entries] if entries else [None] * len(prompt[1])
+    if req.max_tokens == 0: return prompt[0], prompt[1], plps
+    return prompt[0] + text, prompt[1] + ids, plps + lps
+
+def prompt_logprobs_out(tok, entries: list | None, k: int) -> list | None:
+    "vLLM's `prompt_logprobs` of a choice: per prompt token null (the first) or `{id: {logprob, rank, decoded_token}}` for it and the top `k`."
+    if entries is None: return None
+    entry = lambda t, v, rank: {"logprob": v, "rank": rank, "decoded_token": tok.decode([t], skip_special_tokens=False)}
+    out = []
+    for e in entries:
+        if e is None: out.append(None); continue
+        rank, d = e
+        (t, v), row = next(iter(d.items())), {}
+        for i, (a, w) in enumerate(sorted(d.items(), key=lambda kv: -kv[1])[:k]): row[a] = entry(a, w, rank if a == t else i + 1)
+        out.append({t: entry(t, v, rank)} | row)
+    return out
+
+def prompt_texts(tok, prompt, ids: list[list[int]]) -> list[str]:
+    "Each prompt's text as `echo` returns it: as sent, or its token ids decoded."
+    given = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else [None] * len(ids)
+    return [g if g is not None else tok.decode(i) for g, i in zip(given, ids)]
+
+def completion_choice(tok, req: CompletionRequest, c: Choice, prompt: tuple[str, list[int]] | None) -> dict:
+    "One choice of a whole completions response (`prompt`: its prompt's text and ids, for `echo`)."
+    text, ids, lps = c.text, c.token_ids or [], c.logprobs or []
+    if req.echo: text, ids, lps = echoed(req, prompt, text, ids, lps, c.prompt_logprobs)
+    out = {"index": c.index, "text": text, "finish_reason": c.finish_reason,
+           "logprobs": completion_logprobs(tok, ids, lps, 0) if req.logprobs is not None else None}
+    if req.prompt_logprobs is not None: out["prompt_logprobs"] = prompt_logprobs_out(tok, c.prompt_logprobs, req.prompt_logprobs)
     return out
 
 def chat_logprobs(tok, token_ids: list[int], lps: list[dict], top: int) -> dict:

@@ -33,9 +33,9 @@ from .chat_output import ChatArgs, plan_chat
 from .transport import BodyLimits, ItemCaps, TransportArgs, serve
 from ..engine.metrics import EngineMetrics
 from .protocol import (APIError, ChatCompletionRequest, Choice, CompletionRequest, DetokenizeRequest,
-                             TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_logprobs,
-                             error_body, install_error_handlers, request_id, response_id,
-                             StreamOptions, sampling_params, sse, usage)
+                             TokenizeRequest, chat_logprobs, chat_messages, check_unsupported, completion_choice,
+                             completion_logprobs, completion_prompt_logprobs, echoed, error_body, install_error_handlers,
+                             prompt_texts, request_id, response_id, StreamOptions, sampling_params, sse, usage)
 from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("dspark")
@@ -74,11 +74,11 @@ async def sse_events(streams, render, head: dict, prompt_lens: list[int], opts: 
     include_usage = bool(opts and opts.include_usage)
     continuous = include_usage and opts.continuous_usage_stats
     choices = [Choice(i) for i in range(len(streams))]
-    for o in opening: yield sse(o)
+    for o in opening: yield sse(o | {"usage": usage(choices, prompt_lens)} if continuous else o)   # vLLM's too
     try:
         async for i, d in merged(streams):
             choices[i].add(d)
-            if d.text or d.finished:
+            if d.text or d.finished or d.prompt_logprobs is not None:
                 chunk = render(i, d)
                 if chunk is not None: yield sse(chunk | {"usage": usage(choices, prompt_lens)} if continuous else chunk)
     except EngineError as e:
@@ -208,28 +208,29 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_unsupported(body); check_model(body.model)
-        rid = request.state.request_id
+        rid, plp = request.state.request_id, completion_prompt_logprobs(body)
         prompts = await asyncio.to_thread(tokenize_prompts, body.prompt)      # off the event loop
+        max_tokens = 1 if body.echo and body.max_tokens == 0 else body.max_tokens   # the prompt alone: vLLM's one token, unshown
         ids, params = [], []
         for p in prompts:
             for j in range(body.n):
                 ids.append(p)
-                params.append(sampling_params(body, body.max_tokens, len(p), llm.max_model_len, body.logprobs, j,
-                                              llm.model.cfg.vocab_size))
+                params.append(sampling_params(body, max_tokens, len(p), llm.max_model_len, body.logprobs, j,
+                                              llm.model.cfg.vocab_size, plp))
         streams = start(ids, params, rid)
         head = {"id": response_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": sc.served_model_name}
-        lens = [len(p) for p in prompts]
+        lens, echo = [len(p) for p in prompts], list(zip(prompt_texts(tok, body.prompt, prompts), prompts)) if body.echo else None
         if not body.stream:
             choices = await collect(request, streams)
-            return JSONResponse(head | {"choices": [
-                {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                 "logprobs": completion_logprobs(tok, c.token_ids, c.logprobs, 0) if body.logprobs is not None else None}
-                for c in choices], "usage": usage(choices, lens)})
-        offsets = [0] * len(streams)
+            return JSONResponse(head | {"choices": [completion_choice(tok, body, c, echo and echo[c.index // body.n])
+                                                    for c in choices], "usage": usage(choices, lens)})
+        offsets, fresh = [0] * len(streams), [body.echo] * len(streams)
         def render(i, d):
-            lp = completion_logprobs(tok, d.token_ids, d.logprobs or [], offsets[i]) if body.logprobs is not None else None
-            offsets[i] += len(d.text)
-            return head | {"choices": [{"index": i, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}]}
+            text, ids, lps = d.text, d.token_ids, d.logprobs or []
+            if fresh[i]: fresh[i], (text, ids, lps) = False, echoed(body, echo[i // body.n], text, ids, lps, d.prompt_logprobs)
+            lp = completion_logprobs(tok, ids, lps, offsets[i]) if body.logprobs is not None else None
+            offsets[i] += len(text)
+            return head | {"choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}]}
         events = sse_events(streams, render, head, lens, body.stream_options)
         return stream_response(events, rid)
 

@@ -32,10 +32,12 @@ class RunnerOutput:
     """What one step produced, per request whose chunk reached its last known token (a prefill chunk that stops
     short produces nothing: all its positions became computed). `computed`: positions now computed (the verified
     drafts that were accepted, plus the committed ones); `tokens`: the tokens committed (accepted drafts, then the
-    bonus); `logprobs`: theirs, for requests that asked. The runner's value, read by the engine and the scheduler."""
+    bonus); `logprobs`: theirs, for requests that asked; `prompt_logprobs`: a request's whole prompt's, with its
+    first tokens, if it asked (`RequestDelta.prompt_logprobs`). The runner's value, read by the engine and the scheduler."""
     computed: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list] = field(default_factory=dict)
 
 def as_decided(decision, what: str = "decision"):
     "The single-process `canon`: a decision is already canonical."
@@ -111,6 +113,7 @@ class ModelRunner:
         self.draft_ahead = True                        # with round_ahead: first drafts read late, first round launched
                                                        # behind them (`_draft_ahead`; off only to measure it)
         self.proposed: dict[str, list[int]] = {}       # this round's proposals, until `_adopt` makes them the drafts
+        self.prompt_lps: dict[str, list] = {}          # prompt logprobs gathered chunk by chunk, until the prefill ends
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> RunnerOutput:
@@ -147,6 +150,7 @@ class ModelRunner:
             ends = list(itertools.accumulate(n for _, n in batch))
             verify = greedy_verify if self.simulated is None else self.simulated.accept
         for i, (r, n) in enumerate(batch):
+            if r.params.prompt_logprobs is not None and not r.output_ids: self._prompt_logprobs(r, logits[i][:n])
             known = r.num_tokens - r.num_computed                  # committed tokens in this chunk; the rest are drafts
             if n < known:                                          # a prefill chunk that does not reach the end
                 if pr and not self.observed: pr.observe(r.slot, r.request_id, feats[i], self._positions(r, n), r.all_ids)
@@ -229,6 +233,7 @@ class ModelRunner:
             if k and staging: outcomes.append((r.request_id, k, a))
             out.computed[r.request_id], out.tokens[r.request_id] = known + a, toks
             if lp is not None: out.logprobs[r.request_id] = lp
+            if r.request_id in self.prompt_lps: out.prompt_logprobs[r.request_id] = self.prompt_lps.pop(r.request_id)
             if pr: pending.append((r, None if self.observed else feats[i][:known + a], known + a, toks))
         if outcomes: self.capacity.observe_many(outcomes)          # one calibration update for the step
         if pr: self._propose_all(pending, ready, whole=len(decided) == len(batch))
@@ -361,8 +366,24 @@ class ModelRunner:
 
     def forget(self, request_id: str) -> None:
         "A finished or aborted request's pending draft state is dropped."
+        self.prompt_lps.pop(request_id, None)
         if self.proposer is not None: self.proposer.forget(request_id)
         if self.capacity: self.capacity.forget(request_id)
+
+    def _prompt_logprobs(self, r: Request, rows: torch.Tensor) -> None:
+        """Record the logprobs of the prompt tokens this prefill chunk's logits `rows` predict (row `j`, at position
+        `num_computed + j`, predicts the token after it): each token's, its rank, and the top `prompt_logprobs`; the
+        first token has none. Positions recorded already (a chunk computed again after a preemption) are kept."""
+        got, a, k = self.prompt_lps.setdefault(r.request_id, [None]), r.num_computed, r.params.prompt_logprobs
+        q0, q1 = len(got), min(len(r.prompt_ids), a + len(rows) + 1)     # the prompt positions this chunk predicts
+        if not a < q0 < q1: return
+        lp = rows[q0 - 1 - a:q1 - 1 - a].float().log_softmax(-1)
+        ids = torch.tensor(r.prompt_ids[q0:q1], device=lp.device)[:, None]
+        mine = lp.gather(1, ids)
+        ranks, top = ((lp > mine).sum(1) + 1).tolist(), lp.topk(k) if k else None
+        alts = zip(top.indices.tolist(), top.values.tolist()) if k else itertools.repeat(((), ()))
+        for t, v, n, (ti, tv) in zip(ids[:, 0].tolist(), mine[:, 0].tolist(), ranks, alts):
+            got.append((n, {t: v} | dict(zip(ti, tv))))
 
     @staticmethod
     def _logprobs(row: torch.Tensor, tok: int, top: int) -> dict[int, float]:

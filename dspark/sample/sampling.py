@@ -40,6 +40,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None         # vLLM's: each prompt token's logprob and the top-k (prefix cache skipped)
     presence_penalty: float = 0.0              # vLLM's extensions (chapter 02a): history-dependent processors
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -69,6 +70,8 @@ class SamplingParams:
             bad("stop_token_ids", "must be a list of token ids >= 0")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] or None")
+        if self.prompt_logprobs is not None and (not is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            bad("prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] or None")
         for name in ("presence_penalty", "frequency_penalty"):
             if not is_num(getattr(self, name)) or not -2 <= getattr(self, name) <= 2: bad(name, "must be in [-2, 2]")
         if not is_num(self.repetition_penalty) or not 0 < self.repetition_penalty <= F32_MAX:
