@@ -194,8 +194,10 @@ def test_server_accepts_tools_and_template_kwargs(servers):
                                            stream_options={"include_usage": True}, reasoning_effort="high")
         chunks = list(stream)
         assert chunks[-1].usage.completion_tokens == 8
-        with pytest.raises(openai.BadRequestError, match="structured outputs"):
-            c.chat.completions.create(model=r.model, messages=msgs, tools=[TINY], tool_choice="required", max_tokens=4)
+        forced = c.chat.completions.create(model=r.model, messages=msgs, tools=[TINY], tool_choice="required",
+                                           max_tokens=200, temperature=0)      # the grammar forces a call (chapter 02b)
+        assert forced.choices[0].finish_reason == "tool_calls", forced.choices[0]
+        assert forced.choices[0].message.tool_calls[0].function.name == TINY["function"]["name"]
         bad = httpx.post(s.url + "/v1/chat/completions", json={"messages": msgs, "chat_template_kwargs": {"bogus": 1}})
         assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"]
     jinja, v4 = servers

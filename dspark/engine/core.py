@@ -172,7 +172,7 @@ class EngineCore:
                     MTPProposer(drafter, max_num_seqs, K, device) if speculative == "mtp" else None)
         self.runner = ModelRunner(self.model, PagedKVCache(cfg, cc, device), proposer, K, self.max_model_len,
                                   forward=self._forward_for(attention_backend, device, batch_invariant),
-                                  canon=self._decision_canon(), simulated=simulated)
+                                  canon=self._decision_canon(), simulated=simulated, tokenizer=self.tokenizer)
         self.graphs = None
         if use_graphs:
             from dspark.runtime.engine_graphs import graphs_for_runner   # CUDA graphs of decode and verify steps

@@ -19,7 +19,7 @@ from .protocol import APIError
 
 # %% auto #0
 __all__ = ['TEMPLATE_KWARGS', 'ReasoningSplitter', 'ToolCallParser', 'parse_tool_calls', 'ChatStream', 'ChatArgs',
-           'template_kwargs', 'ChatPlan', 'plan_chat']
+           'template_kwargs', 'tool_grammar', 'ChatPlan', 'plan_chat']
 
 # %% ../../nbs/32d_chat_output.ipynb #b2c0e002
 def _partial(text: str, *markers: str) -> int:
@@ -226,20 +226,55 @@ def template_kwargs(given, where: str) -> dict:
         raise ValueError(f"{where}.reasoning_effort must be one of {REASONING_EFFORTS[1:]}, got {d['reasoning_effort']!r}")
     return d
 
+_lit = lambda s: json.dumps(s, ensure_ascii=False)           # a Lark string literal
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+def _value(name: str, schema) -> str:
+    """A DSML parameter of a tool's argument as Lark: strings as raw text (or one of their enum), the rest as JSON.
+    Its tags are split where every parameter's are (the same lexemes in every alternative)."""
+    head = f'{_lit(PARAM_OPEN)} {_lit(name)} '
+    if isinstance(schema, dict) and schema.get("type") == "string":
+        opts = schema.get("enum")
+        body = " | ".join(map(_lit, opts)) if opts and all(isinstance(o, str) and "<" not in o for o in opts) else "/[^<]*/"
+        return f'{head}{_lit(chr(34) + " string=" + chr(34) + "true" + chr(34) + ">")} ({body}) {_lit(PARAM_CLOSE)}'
+    sub = (schema if isinstance(schema, dict) else {}) | {"x-guidance": _JSON_LAYOUT}
+    return f'{head}{_lit(chr(34) + " string=" + chr(34) + "false" + chr(34) + ">")} %json {json.dumps(sub)} {_lit(PARAM_CLOSE)}'
+
+def _arguments(schema) -> str:
+    """A call's parameters: with an object schema that lists `properties`, each property in its order (the required
+    ones always, the others optional), each valid for its own schema; otherwise no parameters (`{}`)."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or not props: return ""   # no listed properties: called with no arguments ({})
+    req = set(schema.get("required") or [])
+    return " ".join(f'({_value(k, v)} "\\n")' + ("" if k in req else "?") for k, v in props.items())
+
+def tool_grammar(tools: list[dict], name: str | None, parallel: bool) -> str:
+    """The Lark grammar (llguidance's dialect, chapter 02b) that forces a DSML tool-call block: one call to `name`, or
+    (`name` None: `tool_choice` "required") one or more calls (one without `parallel`) to any of `tools`."""
+    fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    if not fns: raise APIError(400, f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
+    calls = [f'{_lit(INVOKE_OPEN)} {_lit(f["name"])} {_lit(chr(34) + ">" + chr(10))} {_arguments(f.get("parameters"))} {_lit(INVOKE_CLOSE)}'
+             for f in fns]
+    more = ' ("\\n" call)*' if parallel and name is None else ""
+    return "\n".join([f'start: {_lit(TOOL_CALLS_OPEN + chr(10))} call{more} {_lit(chr(10) + TOOL_CALLS_CLOSE)}',
+                      "call: " + " | ".join(calls)])
+
 @dataclass
 class ChatPlan:
-    "How one chat request is rendered (`kwargs` for the chat template or encoding) and read back (`stream()`)."
+    """How one chat request is rendered (`kwargs` for the chat template or encoding) and read back (`stream()`);
+    `grammar`: the structured-outputs spec a `required` or named `tool_choice` forces."""
     kwargs: dict
     reasoning: bool | None
     tools: bool
     max_calls: int | None
+    grammar: dict | None = None
 
     def stream(self) -> ChatStream: return ChatStream(self.reasoning, self.tools, self.max_calls)
 
 def plan_chat(body, args: ChatArgs, v4: bool, template: str | None = None) -> ChatPlan:
     """The plan for a chat request (`tools`, `tool_choice`, `parallel_tool_calls`, `chat_template_kwargs`,
-    `reasoning_effort`); 400 for what cannot be served. `required` and a named function need a model forced to call
-    a tool, which takes structured outputs (grammar-constrained decoding), not yet supported. A Jinja `template` that
+    `reasoning_effort`); 400 for what cannot be served. `required` and a named function force a tool-call block by
+    grammar (`tool_grammar`): the reply is the block, with no thinking before it. A Jinja `template` that
     never mentions tools cannot show the model a tool result: those are refused rather than silently dropped."""
     tool = next((i for i, m in enumerate(body.messages) if m.role == "tool"), None)
     if tool is not None and not v4 and "tool" not in (template or ""):
@@ -255,13 +290,17 @@ def plan_chat(body, args: ChatArgs, v4: bool, template: str | None = None) -> Ch
     kw["thinking"] = thinking
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
+    grammar = None
     if not isinstance(choice, str) or choice == "required":
-        raise APIError(400, "tool_choice 'required' or a named function needs structured outputs (not yet supported); "
-                            "use 'auto' or 'none'", "tool_choice")
-    if choice not in ("auto", "none"): raise APIError(400, f"tool_choice must be 'auto' or 'none', got {choice!r}", "tool_choice")
+        if not tools: raise APIError(400, "tool_choice 'required' or a named function needs tools", "tool_choice")
+        named = None if isinstance(choice, str) else choice.function.get("name")
+        if not isinstance(choice, str) and not isinstance(named, str):
+            raise APIError(400, "a named tool_choice needs function.name", "tool_choice")
+        grammar = {"grammar": tool_grammar(tools, named, body.parallel_tool_calls)}
+    elif choice not in ("auto", "none"): raise APIError(400, f"tool_choice must be 'auto' or 'none', got {choice!r}", "tool_choice")
     if choice == "auto" and tools and not args.enable_auto_tool_choice:
         raise APIError(400, "tool_choice 'auto' needs the server started with --enable-auto-tool-choice", "tool_choice")
     if tools: kw["tools"] = tools
-    parse = bool(tools) and choice == "auto" and args.tool_call_parser != "none"
+    parse = bool(tools) and (choice == "auto" and args.tool_call_parser != "none" or grammar is not None)
     on = args.reasoning_parser == "deepseek_v4" or (args.reasoning_parser == "auto" and v4)
-    return ChatPlan(kw, thinking if on else None, parse, None if body.parallel_tool_calls else 1)
+    return ChatPlan(kw, thinking if on else None, parse, None if body.parallel_tool_calls else 1, grammar)

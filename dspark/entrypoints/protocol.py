@@ -30,9 +30,9 @@ log = logging.getLogger("dspark")
 __all__ = ['log', 'NEUTRAL', 'MAX_N', 'StreamOptions', 'CompletionRequest', 'ContentPart', 'FunctionCall', 'ToolCall',
            'ChatMessage', 'FunctionDef', 'Tool', 'NamedToolChoice', 'ChatCompletionRequest', 'TokenizeRequest',
            'DetokenizeRequest', 'APIError', 'error_body', 'validation_message', 'install_error_handlers',
-           'unknown_fields', 'check_unsupported', 'sampling_params', 'chat_messages', 'Choice', 'usage', 'response_id',
-           'request_id', 'completion_logprobs', 'completion_prompt_logprobs', 'echoed', 'prompt_logprobs_out',
-           'prompt_texts', 'completion_choice', 'chat_logprobs', 'sse']
+           'unknown_fields', 'check_unsupported', 'structured_spec', 'sampling_params', 'chat_messages', 'Choice',
+           'usage', 'response_id', 'request_id', 'completion_logprobs', 'completion_prompt_logprobs', 'echoed',
+           'prompt_logprobs_out', 'prompt_texts', 'completion_choice', 'chat_logprobs', 'sse']
 
 # %% ../../nbs/32_protocol.ipynb #9ec1b948
 class _Strict(BaseModel):
@@ -69,6 +69,8 @@ class _SamplingFields(_Strict):
     min_p: float = 0.0                        # vLLM's extensions, implemented (chapter 02a)
     min_tokens: int = 0
     logit_bias: dict[str, float] | None = None
+    response_format: dict | None = None       # OpenAI's json_object / json_schema, and vLLM's structured_outputs
+    structured_outputs: dict | None = None    # (chapter 02b)
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -230,10 +232,28 @@ def check_unsupported(req: _Strict) -> None:
     if opts is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
+def structured_spec(req: _SamplingFields, forced: dict | None = None) -> dict | None:
+    """The request's structured-outputs spec (chapter 02b): OpenAI's `response_format` (`text`, `json_object`,
+    `json_schema`) or vLLM's `structured_outputs`, or `forced` (a tool-call grammar); 400 for two at once."""
+    rf, so = req.response_format, req.structured_outputs
+    if rf is not None:
+        kind = rf.get("type")
+        if kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("name"), str):
+                raise APIError(400, "response_format.json_schema needs a name", "response_format")
+            rf = {"json": js.get("schema", {"type": "object"})}
+        elif kind in ("json_object", "text"): rf = {"json_object": True} if kind == "json_object" else None
+        else: raise APIError(400, f"response_format type must be text, json_object or json_schema, got {kind!r:.40}", "response_format")
+    given = [(n, v) for n, v in (("response_format", rf), ("structured_outputs", so), ("tool_choice", forced)) if v is not None]
+    if len(given) > 1: raise APIError(400, f"{given[0][0]} and {given[1][0]} cannot be combined", given[1][0])
+    return given[0][1] if given else None
+
 def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: int, max_model_len: int,
                     logprobs: int | None, choice: int = 0, vocab_size: int | None = None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
-    "The engine's `SamplingParams` for one choice; ValueErrors name the field (`logit_bias` ids checked against `vocab_size`)."
+                    prompt_logprobs: int | None = None, structured: dict | None = None) -> SamplingParams:
+    """The engine's `SamplingParams` for one choice; ValueErrors name the field (`logit_bias` ids checked against
+    `vocab_size`). `structured`: a grammar the chat plan forces (`tool_choice`)."""
     room = max_model_len - prompt_len
     if max_tokens is None: max_tokens = room
     if max_tokens < 1: raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
@@ -243,7 +263,7 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
                             f"completion). Please reduce the prompt or max_tokens.", "max_tokens")
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise APIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
-    seed = req.seed
+    spec, seed = structured_spec(req, structured), req.seed
     if seed is not None and choice:
         seed = int.from_bytes(hashlib.blake2b(f"{seed}:{choice}".encode(), digest_size=8).digest(), "little") >> 1
     try:
@@ -252,12 +272,15 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
                             ignore_eos=req.ignore_eos, logprobs=logprobs, presence_penalty=req.presence_penalty,
                             frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
                             min_p=req.min_p, min_tokens=req.min_tokens, logit_bias=req.logit_bias,
-                            prompt_logprobs=prompt_logprobs)
+                            prompt_logprobs=prompt_logprobs, structured_outputs=spec)
         if vocab_size is not None: sp.check_vocab(vocab_size)
         return sp
     except ValueError as e:
         msg = str(e).removeprefix("SamplingParams.")
-        raise APIError(400, msg, msg.split(":")[0]) from None
+        field = msg.split(":")[0]
+        if field == "structured_outputs" and spec is not None and req.structured_outputs is None:
+            field = "response_format" if req.response_format is not None else "tool_choice"
+        raise APIError(400, msg, field) from None
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     """Plain dicts for the chat template: `{role, content}` (text parts joined, a missing content empty), with an

@@ -247,8 +247,8 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         top = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = [sampling_params(body, max_tokens, len(prompt), llm.max_model_len, top, j, llm.model.cfg.vocab_size)
-                  for j in range(body.n)]
+        params = [sampling_params(body, max_tokens, len(prompt), llm.max_model_len, top, j, llm.model.cfg.vocab_size,
+                                  structured=plan.grammar) for j in range(body.n)]
         streams = start([prompt] * body.n, params, rid)
         head = {"id": response_id("chatcmpl"), "created": int(time.time()), "model": sc.served_model_name}
         lens, parsed = [len(prompt)], [plan.stream() for _ in range(body.n)]

@@ -19,6 +19,7 @@ from ..request import Request, all_plain_greedy
 from ..sample.rejection import SpecStats, verify_keyed
 from ..sample.sampling import STREAMS, RowParams, draw_keyed, on_device, row_probs
 from ..sample.processors import processed_probs, round_histories
+from ..sample.structured import Grammars
 from ..cache.kv_cache import PagedKVCache, SeqView, forward_cached
 from ..model.transformer import Transformer
 
@@ -100,7 +101,8 @@ class SimulatedAcceptance:
 class ModelRunner:
     "Weights, KV cache and (optionally) a drafter; runs one step's chunks, verifies drafts, samples, proposes."
     def __init__(self, model: Transformer, cache: PagedKVCache, proposer=None, num_spec: int = 0, max_model_len: int = 0,
-                 forward: Callable = forward_cached, canon: Callable = as_decided, simulated: SimulatedAcceptance | None = None):
+                 forward: Callable = forward_cached, canon: Callable = as_decided, simulated: SimulatedAcceptance | None = None,
+                 tokenizer=None):
         self.model, self.cache, self.proposer, self.K, self.max_model_len = model, cache, proposer, num_spec, max_model_len
         self.forward, self.canon = forward, canon
         self.capacity = None                           # a capacity_control.CapacityController, when enabled
@@ -114,6 +116,7 @@ class ModelRunner:
                                                        # behind them (`_draft_ahead`; off only to measure it)
         self.proposed: dict[str, list[int]] = {}       # this round's proposals, until `_adopt` makes them the drafts
         self.prompt_lps: dict[str, list] = {}          # prompt logprobs gathered chunk by chunk, until the prefill ends
+        self.grammars = None if tokenizer is None else Grammars(tokenizer, model.cfg.vocab_size)   # chapter 02b
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> RunnerOutput:
@@ -168,7 +171,8 @@ class ModelRunner:
         Greedy requests in the batch verify with one-hot distributions, which is exactly `greedy_verify`. A request
         with logit processors (chapter 02a) has its rows recomputed through the reference, row `j` with the round's
         drafts before `j` in its history; its `q` stays the drafter's unprocessed proposal (exact: it is what the
-        drafts were drawn from), and such a request never takes a fused or captured path."""
+        drafts were drawn from), and such a request never takes a fused or captured path. A structured-outputs
+        request's rows are also masked by its grammar (chapter 02b), row `j` after the drafts before `j`."""
         reqs = [r for r, _, _ in items]
         K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
         flat = torch.cat([rows for _, _, rows in items])
@@ -181,7 +185,8 @@ class ModelRunner:
             for i, (r, k, rows) in enumerate(items):
                 if not r.params.processed: continue
                 hist = round_histories(r.prompt_ids, r.output_ids, r.drafts[:k], k + 1)
-                p[i] = processed_probs(rows[:k + 1], r.params, hist, r.stop_ids)[torch.arange(K + 1, device=p.device).clamp(max=k)]
+                allowed = None if r.params.structured_outputs is None else self._grammars().masks(r, r.drafts[:k])
+                p[i] = processed_probs(rows[:k + 1], r.params, hist, r.stop_ids, allowed)[torch.arange(K + 1, device=p.device).clamp(max=k)]
         drafts, n_drafts = ints[:, K + 3:], ints[:, K + 1]
         if K and any(k and not r.params.greedy for r, k, _ in items):      # sampled drafts to verify: their q
             q = self.proposer.draft_probs(reqs, K)
@@ -364,10 +369,15 @@ class ModelRunner:
         depth, last = self.capacity.depth if self.capacity else self.K, self.max_model_len - 1
         return lambda r, P, toks: min(depth, last - P, r.params.max_tokens - len(r.output_ids) - len(toks) - 1)
 
+    def _grammars(self):
+        if self.grammars is None: raise RuntimeError("a structured-outputs request reached a runner without grammars")
+        return self.grammars
+
     def forget(self, request_id: str) -> None:
-        "A finished or aborted request's pending draft state is dropped."
+        "A finished or aborted request's pending draft and grammar state is dropped."
         self.prompt_lps.pop(request_id, None)
         if self.proposer is not None: self.proposer.forget(request_id)
+        if self.grammars is not None: self.grammars.forget(request_id)
         if self.capacity: self.capacity.forget(request_id)
 
     def _prompt_logprobs(self, r: Request, rows: torch.Tensor) -> None:

@@ -25,14 +25,16 @@ def _stop_mask(params: SamplingParams, stop_ids) -> list[int]:
     return sorted(set(params.stop_token_ids or []) | set(stop_ids or []))
 
 def apply_processors(logits: torch.Tensor, params: SamplingParams, history: list[tuple[list[int], list[int]]],
-                     stop_ids=()) -> torch.Tensor:
+                     stop_ids=(), allowed: torch.Tensor | None = None) -> torch.Tensor:
     """The logits `[N, V]` after vLLM's history-dependent processors, fp32, before temperature: `logit_bias`,
     `min_tokens` masking, then `repetition_penalty` (over prompt and generated tokens), `frequency_penalty` and
     `presence_penalty` (over generated tokens). Row `i`'s history is `(prompt_ids, generated_ids)`: for a row that
     verifies draft `j` of a round, the generated part ends with that round's drafts before `j`. `stop_ids`: what
     `min_tokens` masks besides `params.stop_token_ids` (the eos the engine stops on). A request without any of
-    them gets its logits back as fp32, unchanged."""
+    them gets its logits back as fp32, unchanged. `allowed`: a structured-outputs mask `[N, V]` (chapter 02b), applied
+    first: a token it forbids is -inf whatever follows."""
     x = logits.float().clone()
+    if allowed is not None: x = x.masked_fill(~allowed.to(x.device), float("-inf"))
     N, V = x.shape
     if len(history) != N: raise ValueError(f"need one history per row: {N} rows, {len(history)} histories")
     dev = x.device
@@ -55,11 +57,11 @@ def apply_processors(logits: torch.Tensor, params: SamplingParams, history: list
     return x
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams, history: list[tuple[list[int], list[int]]],
-                    stop_ids=()) -> torch.Tensor:
+                    stop_ids=(), allowed: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution each row `[N, V]` samples from with every setting applied, in vLLM's order: the processors
     above, then temperature, top-k, top-p and `min_p` (tokens below `min_p` times the row's largest probability
     dropped, the rest renormalised). Greedy: one-hot on the processed argmax (`min_p` never moves it)."""
-    x = apply_processors(logits, params, history, stop_ids)
+    x = apply_processors(logits, params, history, stop_ids, allowed)
     if params.greedy: return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).float()
     p = process_logits(x, params.temperature, params.top_k, params.top_p).softmax(-1)
     if params.min_p > 0:

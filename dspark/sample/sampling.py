@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from .structured import grammar_of
+
 # %% auto #0
 __all__ = ['MAX_LOGPROBS', 'F32_MAX', 'F32_TINY', 'TOP_K_WHOLE', 'STREAMS', 'PHILOX_M', 'PHILOX_W', 'FAST', 'SamplingParams',
            'process_rows', 'process_logits', 'probs', 'RowParams', 'row_probs', 'on_device', 'signed64', 'stream_key',
@@ -47,6 +49,7 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0
     logit_bias: dict[int, float] | None = None
+    structured_outputs: dict | None = None     # chapter 02b: vLLM's {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
 
     def __post_init__(self):
         def bad(name, msg): raise ValueError(f"SamplingParams.{name}: {msg}, got {getattr(self, name)!r:.80}")
@@ -89,12 +92,15 @@ class SamplingParams:
                 if not is_num(v) or not -100 <= v <= 100: bad("logit_bias", f"bias of {k!r:.40} must be in [-100, 100]")
                 bias[t] = float(v)
             self.logit_bias = bias or None
+        if self.structured_outputs is not None:
+            try: grammar_of(self.structured_outputs)
+            except ValueError as e: bad("structured_outputs", str(e))
 
     @property
     def processed(self) -> bool:
         "Whether any of vLLM's logit processors (chapter 02a) is on: such a request leaves every fused fast path."
-        return bool(self.logit_bias or self.min_tokens or self.min_p or self.presence_penalty
-                    or self.frequency_penalty or self.repetition_penalty != 1.0)
+        return bool(self.logit_bias or self.min_tokens or self.min_p or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.structured_outputs is not None)
 
     def check_vocab(self, vocab_size: int) -> None:
         "A `ValueError` naming the field for token ids the model does not have (the engine calls it on arrival)."

