@@ -5,6 +5,7 @@ accepting `tools`, `tool_choice` and `chat_template_kwargs`."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 import shutil
 
 import httpx
@@ -174,10 +175,12 @@ def servers(tiny_ckpt, tmp_path_factory):
     shutil.copytree(tiny_ckpt, v4)
     cfg = json.loads((v4 / "tokenizer_config.json").read_text()); cfg.pop("chat_template")
     (v4 / "tokenizer_config.json").write_text(json.dumps(cfg))
-    args = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 * 2**20), "--max-num-seqs", "4", "--speculative", "none"]
-    s1 = start_server(["--model", str(tiny_ckpt), *args], tmp_path_factory.mktemp("jinja"))
-    try: s2 = start_server(["--model", str(v4), *args, "--default-chat-template-kwargs", '{"thinking": true}'],
-                           tmp_path_factory.mktemp("v4"))
+    mc = json.loads((v4 / "config.json").read_text()); mc["max_position_embeddings"] = 2048   # room for a tool round trip
+    (v4 / "config.json").write_text(json.dumps(mc))
+    args = ["--kv-cache-memory-bytes", str(64 * 2**20), "--max-num-seqs", "4", "--speculative", "none"]
+    s1 = start_server(["--model", str(tiny_ckpt), "--max-model-len", "1024", *args], tmp_path_factory.mktemp("jinja"))
+    try: s2 = start_server(["--model", str(v4), "--max-model-len", "2048", *args,
+                            "--default-chat-template-kwargs", '{"thinking": true}'], tmp_path_factory.mktemp("v4"))
     except Exception: s1.stop(); raise
     yield s1, s2
     s1.stop(); s2.stop()
@@ -207,3 +210,33 @@ def test_server_accepts_tools_and_template_kwargs(servers):
     assert "reasoning_tokens" in r["usage"]["completion_tokens_details"]
     r = httpx.post(jinja.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).json()
     assert "reasoning_content" not in r["choices"][0]["message"]            # the Jinja model: no reasoning parser by default
+
+
+def test_langchain_tools_and_structured_output(servers):
+    "LangChain as agents use it: `bind_tools` and a tool round trip, and `with_structured_output(PydanticModel)`."
+    lc = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from pydantic import BaseModel
+    s = servers[1]                                                       # the V4 encoding renders tools and results
+    name = openai.OpenAI(base_url=s.url + "/v1", api_key="x").models.list().data[0].id
+    llm = lc.ChatOpenAI(model=name, base_url=s.url + "/v1", api_key="x", temperature=0, max_tokens=300,
+                        max_retries=0, timeout=120)
+
+    def get_weather(unit: Literal["celsius", "fahrenheit"]) -> str:
+        "Today's temperature in the given unit."
+        return "21"
+
+    msgs = [HumanMessage("Temperature?")]
+    ai = llm.bind_tools([get_weather], tool_choice="required").invoke(msgs)   # forced by the tool-call grammar
+    assert ai.response_metadata["finish_reason"] == "tool_calls" and ai.tool_calls[0]["name"] == "get_weather"
+    assert ai.tool_calls[0]["args"]["unit"] in ("celsius", "fahrenheit")
+    msgs += [ai, ToolMessage("21", tool_call_id=ai.tool_calls[0]["id"])]
+    reply = llm.bind_tools([get_weather]).invoke(msgs)                         # the result goes back through the encoding
+    assert reply.response_metadata["finish_reason"] in ("stop", "length", "tool_calls")
+
+    class Verdict(BaseModel):
+        warm: bool
+        unit: Literal["celsius", "fahrenheit"]
+
+    out = llm.with_structured_output(Verdict, method="json_schema").invoke("Is it warm? Answer as JSON.")
+    assert isinstance(out, Verdict)

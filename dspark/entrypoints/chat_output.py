@@ -274,7 +274,8 @@ class ChatPlan:
 def plan_chat(body, args: ChatArgs, v4: bool, template: str | None = None) -> ChatPlan:
     """The plan for a chat request (`tools`, `tool_choice`, `parallel_tool_calls`, `chat_template_kwargs`,
     `reasoning_effort`); 400 for what cannot be served. `required` and a named function force a tool-call block by
-    grammar (`tool_grammar`): the reply is the block, with no thinking before it. A Jinja `template` that
+    grammar (`tool_grammar`): the reply is the block, with no thinking before it; so is any constrained reply
+    (`response_format`, `structured_outputs`): the prompt is rendered with thinking off. A Jinja `template` that
     never mentions tools cannot show the model a tool result: those are refused rather than silently dropped."""
     tool = next((i for i, m in enumerate(body.messages) if m.role == "tool"), None)
     if tool is not None and not v4 and "tool" not in (template or ""):
@@ -300,6 +301,9 @@ def plan_chat(body, args: ChatArgs, v4: bool, template: str | None = None) -> Ch
     elif choice not in ("auto", "none"): raise APIError(400, f"tool_choice must be 'auto' or 'none', got {choice!r}", "tool_choice")
     if choice == "auto" and tools and not args.enable_auto_tool_choice:
         raise APIError(400, "tool_choice 'auto' needs the server started with --enable-auto-tool-choice", "tool_choice")
+    rf = body.response_format or {}
+    if grammar is not None or body.structured_outputs is not None or rf.get("type", "text") != "text":
+        thinking = kw["thinking"] = False          # a constrained reply is the content itself: no thinking span first
     if tools: kw["tools"] = tools
     parse = bool(tools) and (choice == "auto" and args.tool_call_parser != "none" or grammar is not None)
     on = args.reasoning_parser == "deepseek_v4" or (args.reasoning_parser == "auto" and v4)
