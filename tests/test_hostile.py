@@ -104,6 +104,13 @@ def test_3_n_out_of_range_is_400_before_anything_else(server, n):
         assert_error(post(server, path, body | {"n": n, "max_tokens": 5000}), 400, "n", "n must")
 
 
+def test_3_top_level_extras_named_like_fields_of_other_endpoints_are_ignored(server):
+    "A field that another endpoint defines (`n`, `stream_options`) arrives as an extra here: ignored, never a 500."
+    for body in ({"tokens": [5, 6], "n": []}, {"tokens": [5, 6], "stream_options": {"x": 1}}):
+        assert post(server, "/detokenize", body).status_code == 200
+    assert post(server, "/tokenize", {"prompt": "x", "n": {"a": 1}}).status_code == 200
+
+
 # --- 5. a request that can never fit ---------------------------------------------------------------------------
 
 def test_5_never_fits_is_400_not_503(server):

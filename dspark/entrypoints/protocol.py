@@ -219,7 +219,8 @@ def check_unsupported(req: _Strict) -> None:
     top = req.model_extra or {}
     nested = [f for f in unknown_fields(req) if f not in top]
     if nested: raise APIError(400, f"unsupported field(s): {', '.join(nested)}", nested[0])
-    n = getattr(req, "n", 1)
+    declared = lambda name, default: getattr(req, name) if name in type(req).model_fields else default   # not an extra
+    n = declared("n", 1)
     if not 1 <= n <= MAX_N: raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "n")
     known = NEUTRAL | getattr(type(req), "NEUTRAL", {})
     same = lambda v, w: v == w and isinstance(v, bool) == isinstance(w, bool)
@@ -228,7 +229,7 @@ def check_unsupported(req: _Strict) -> None:
         raise APIError(400, f"{name}={v!r:.80} is not supported (only {known[name]!r}{' or n' if name == 'best_of' else ''})", name)
     ignored = [k for k in top if k not in known]
     if ignored: log.warning("ignoring field(s) no API defines: %s", ", ".join(k[:40] for k in ignored[:10]))
-    opts = getattr(req, "stream_options", None)
+    opts = declared("stream_options", None)
     if opts is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
