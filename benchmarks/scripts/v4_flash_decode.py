@@ -1,7 +1,9 @@
 """DeepSeek-V4-Flash at full width, all 256 experts, dummy weights as stored, on one GPU: decode and prefill speed of
 the engine with the FP8/FP4 kernels (chapters 18a, 18b), against the HBM floor of the bytes a step reads.
 
-    python benchmarks/scripts/v4_flash_decode.py [--layers N] [--eager]     # writes $OUT/v4_flash_decode.json
+    python benchmarks/scripts/v4_flash_decode.py [--layers N] [--eager] [--tag T]   # writes $OUT/v4_flash_decode_T.json
+    python benchmarks/scripts/v4_flash_decode.py --model deepseek-v4-flash-0731 --modes none dspark dspark+capacity \
+        --simulate-acceptance 3.34 --concurrency 1 64 --prefill        # DSpark on dummy weights, simulated acceptance
 
 Decode tok/s at concurrency C comes from two greedy runs of C requests that differ only in max_tokens (16 and 16 + T):
 T·C tokens over the difference of their times, so prefill and start-up cancel. The C1 floor is the stored bytes one
@@ -49,9 +51,76 @@ def step_bytes(model) -> tuple[int, int]:
     return total + len(moes) * k * ex_bytes, active + len(moes) * k * ex_params
 
 
+def overrides(model: str, n: int) -> dict:
+    "The named config cut to `n` layers; a DSpark config's drafter reads the last three, as the shipped one reads 40-42 of 43."
+    over = {"num_hidden_layers": n}
+    if model.endswith("0731"): over["dspark_target_layer_ids"] = list(range(max(0, n - 3), n))
+    return over
+
+
+def run_mode(a, mode: str, n: int, out: dict, save) -> None:
+    "Build the engine for `mode` (none | dspark | dspark+capacity), then its decode rows and prefill rows."
+    import dspark
+    spec = None if mode == "none" else "dspark"
+    t0 = time.perf_counter()
+    llm = dspark.LLM(model=a.model, load_format="dummy", quantization=a.quantization, hf_overrides=overrides(a.model, n),
+                     device="cuda", dtype="bfloat16", enforce_eager=a.eager, speculative=spec,
+                     simulate_acceptance=a.simulate_acceptance if spec else None,
+                     capacity="auto" if mode == "dspark+capacity" else None,
+                     max_model_len=a.max_model_len, max_num_seqs=max(a.concurrency), max_num_batched_tokens=a.tokens,
+                     gpu_memory_utilization=0.92)
+    m = out["modes"].setdefault(mode, {"rows": {}})
+    m["build_s"] = round(time.perf_counter() - t0, 1)
+    m["profile"] = llm.engine.profile.splitlines()
+    if "c1_floor_ms" not in out:
+        nbytes, active = step_bytes(llm.model)
+        out["c1_step_bytes"], out["active_params"] = nbytes, active
+        out["c1_floor_ms"] = round(nbytes / (out["copy_TB_s"] / 2 * 1e12) * 1e3, 3)   # copy reads at half its read+write rate
+    save()
+    g = torch.Generator().manual_seed(0)
+    V = llm.model.cfg.vocab_size
+    sp = lambda k: dspark.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True)
+
+    def timed(prompts, k) -> float:
+        torch.cuda.synchronize(); t = time.perf_counter()
+        llm.generate(prompts, sp(k), use_tqdm=False)
+        torch.cuda.synchronize(); return time.perf_counter() - t
+
+    for c in a.concurrency:
+        try:
+            prompts = [torch.randint(0, V, (32,), generator=g).tolist() for _ in range(c)]
+            timed(prompts, 4)                                      # warm-up: compile, first replays
+            s0 = llm.spec_stats() if spec else None
+            short, long = timed(prompts, 16), timed(prompts, 16 + a.decode_tokens)
+            dt = long - short
+            row = {"tok_s": round(c * a.decode_tokens / dt, 1), "step_ms": round(dt / a.decode_tokens * 1e3, 3)}
+            if spec:
+                s1 = llm.spec_stats()
+                d, acc = s1["num_drafts"] - s0["num_drafts"], s1["num_accepted_tokens"] - s0["num_accepted_tokens"]
+                row["rounds"], row["mean_acceptance_length"] = d, round(1 + acc / max(d, 1), 3)
+                row["ms_per_token_per_request"] = round(dt / a.decode_tokens * 1e3, 3)
+                del row["step_ms"]
+            elif c == 1: row["over_floor"] = round(row["step_ms"] / out["c1_floor_ms"], 2)
+        except Exception as e:
+            row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}; traceback.print_exc(limit=3)
+        m["rows"][f"C{c}"] = row; print(mode, c, row, flush=True); save()
+    for L in a.prefill:
+        try:
+            prompt = torch.randint(0, V, (L,), generator=g).tolist()
+            timed([prompt[:64]], 1)
+            dt = timed([prompt], 1)
+            m["rows"][f"prefill{L}"] = {"s": round(dt, 3), "tok_s": round(L / dt, 1),
+                                        "mfu_linear": round(2 * out["active_params"] * L / dt / (a.peak_tflops * 1e12), 4)}
+        except Exception as e:
+            m["rows"][f"prefill{L}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}; traceback.print_exc(limit=3)
+        print(mode, L, m["rows"][f"prefill{L}"], flush=True); save()
+    m["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+    del llm
+    import gc; gc.collect(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+
+
 def main(a) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    import dspark
     from dspark.tools.records import git_commit
     total = torch.cuda.mem_get_info()[1]
     n = a.layers
@@ -60,56 +129,27 @@ def main(a) -> None:
         spec = spec_from_file_location("res", Path(__file__).with_name("v4_flash_resident.py"))
         res = module_from_spec(spec); spec.loader.exec_module(res)
         n = res.layers_that_fit(total, a.max_model_len, 8, a.tokens) - a.headroom
-    out = {"commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": n,
-           "eager": a.eager, "copy_TB_s": round(copy_tb_s(), 3), "rows": {}}
-    t0 = time.perf_counter()
-    llm = dspark.LLM(model="deepseek-v4-flash", load_format="dummy", quantization="auto",
-                     hf_overrides={"num_hidden_layers": n}, device="cuda", dtype="bfloat16", enforce_eager=a.eager,
-                     max_model_len=a.max_model_len, max_num_seqs=max(a.concurrency), max_num_batched_tokens=a.tokens,
-                     gpu_memory_utilization=0.92)
-    out["build_s"] = round(time.perf_counter() - t0, 1)
-    out["profile"] = llm.engine.profile.splitlines()
-    nbytes, active = step_bytes(llm.model)
-    out["c1_step_bytes"], out["active_params"] = nbytes, active
-    out["c1_floor_ms"] = round(nbytes / (out["copy_TB_s"] / 2 * 1e12) * 1e3, 3)   # copy reads at half its read+write rate
-    g = torch.Generator().manual_seed(0)
-    V = llm.model.cfg.vocab_size
-    sp = lambda m: dspark.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
-
-    def timed(prompts, m) -> float:
-        torch.cuda.synchronize(); t = time.perf_counter()
-        llm.generate(prompts, sp(m), use_tqdm=False)
-        torch.cuda.synchronize(); return time.perf_counter() - t
-
-    for c in a.concurrency:
-        try:
-            prompts = [torch.randint(0, V, (32,), generator=g).tolist() for _ in range(c)]
-            timed(prompts, 4)                                      # warm-up: compile, first replays
-            short, long = timed(prompts, 16), timed(prompts, 16 + a.decode_tokens)
-            dt = long - short
-            row = {"tok_s": round(c * a.decode_tokens / dt, 1), "step_ms": round(dt / a.decode_tokens * 1e3, 3)}
-            if c == 1: row["over_floor"] = round(row["step_ms"] / out["c1_floor_ms"], 2)
+    out = {"commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "model": a.model,
+           "quantization": a.quantization, "layers": n, "eager": a.eager, "simulate_acceptance": a.simulate_acceptance,
+           "copy_TB_s": round(copy_tb_s(), 3), "modes": {}}
+    path = Path(os.environ.get("OUT", "/tmp"), f"v4_flash_decode_{a.tag}.json")
+    save = lambda: path.write_text(json.dumps(out, indent=1) + "\n")
+    for mode in a.modes:
+        try: run_mode(a, mode, n, out, save)
         except Exception as e:
-            row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}; traceback.print_exc(limit=3)
-        out["rows"][f"C{c}"] = row; print(c, row, flush=True)
-    for L in a.prefill:
-        try:
-            prompt = torch.randint(0, V, (L,), generator=g).tolist()
-            timed([prompt[:64]], 1)
-            dt = timed([prompt], 1)
-            out["rows"][f"prefill{L}"] = {"s": round(dt, 3), "tok_s": round(L / dt, 1),
-                                          "mfu_linear": round(2 * active * L / dt / (a.peak_tflops * 1e12), 4)}
-        except Exception as e:
-            out["rows"][f"prefill{L}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}; traceback.print_exc(limit=3)
-        print(L, out["rows"][f"prefill{L}"], flush=True)
-    out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
-    text = json.dumps(out, indent=1)
-    print(text)
-    Path(os.environ.get("OUT", "/tmp"), f"v4_flash_decode{'_eager' if a.eager else ''}.json").write_text(text + "\n")
+            out["modes"].setdefault(mode, {})["error"] = f"{type(e).__name__}: {str(e)[:400]}"; traceback.print_exc(limit=4)
+            import gc; gc.collect(); torch.cuda.empty_cache()
+        save()
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="deepseek-v4-flash", help="a named config: deepseek-v4-flash or deepseek-v4-flash-0731")
+    ap.add_argument("--modes", nargs="+", default=["none"], choices=["none", "dspark", "dspark+capacity"])
+    ap.add_argument("--simulate-acceptance", type=float, default=None, help="dummy weights: the speculative modes' mean acceptance length")
+    ap.add_argument("--quantization", default="auto", choices=["auto", "none"], help="none: the bf16 path, for comparison")
+    ap.add_argument("--tag", default="run", help="the output file is $OUT/v4_flash_decode_<tag>.json")
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--headroom", type=int, default=2, help="layers fewer than the eager plan fits (graph pools)")
     ap.add_argument("--eager", action="store_true")
