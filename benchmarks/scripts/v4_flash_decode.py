@@ -8,7 +8,7 @@ the engine with the FP8/FP4 kernels (chapters 18a, 18b), against the HBM floor o
 Decode tok/s at concurrency C comes from two greedy runs of C requests that differ only in max_tokens (16 and 16 + T):
 T·C tokens over the difference of their times, so prefill and start-up cancel. The C1 floor is the stored bytes one
 decode step must read (every weight but the embedding and the unselected experts: 6 experts a layer) over this GPU's
-device-to-device copy bandwidth. Prefill: one prompt of 4,096 tokens, its time to first token, and MFU against
+device-to-device copy rate (bytes read plus written per second: what HBM moves, whichever way). Prefill: one prompt of 4,096 tokens, its time to first token, and MFU against
 `--peak-tflops` (the FP8 dense peak of the card: H100 SXM 989 bf16 / 1,979 FP8, H200 the same chip).
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
     if "c1_floor_ms" not in out:
         nbytes, active = step_bytes(llm.model)
         out["c1_step_bytes"], out["active_params"] = nbytes, active
-        out["c1_floor_ms"] = round(nbytes / (out["copy_TB_s"] / 2 * 1e12) * 1e3, 3)   # copy reads at half its read+write rate
+        out["c1_floor_ms"] = round(nbytes / (out["copy_TB_s"] * 1e12) * 1e3, 3)   # HBM moves the copy's read+write rate
     save()
     g = torch.Generator().manual_seed(0)
     V = llm.model.cfg.vocab_size
