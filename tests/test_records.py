@@ -1,6 +1,7 @@
 """Benchmark records (`dspark.tools.records`): the schema round trip, the loader's search from a subfolder, the
 error that names the paths tried, and the records the book and tests read being present in that schema."""
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def test_split_raw():
 
 def test_every_record_has_the_schema():
     recs = sorted((ROOT / RECORDS).glob("*.json"))
-    assert len(recs) > 100
+    assert recs
     for p in recs:
         rec = json.loads(p.read_text())
         assert set(FIELDS) <= set(rec), p.name
@@ -52,3 +53,14 @@ def test_every_record_has_the_schema():
 def test_records_the_tests_cite_exist():
     rec = load_record("graphs_gpu")
     assert rec["rows"]["llm_graph_vs_eager_tiny_fp32"]["dspark"]["identical"]
+
+
+def test_records_the_book_names_exist():
+    "Every `benchmarks/records/<name>.json` a notebook or the README names, and every literal `load_record(\"<name>\")`, is there."
+    named = set()
+    for p in [*sorted((ROOT / "nbs").glob("*.ipynb")), ROOT / "README.md"]:
+        t = p.read_text().replace('\\"', '"')
+        named |= set(re.findall(r"benchmarks/records/(\w+)\.json", t)) | set(re.findall(r'load_record\("(\w+)"\)', t))
+    named -= {"demo", "no_such_record"}   # chapter 35a's own examples, written to and missed in a temporary folder
+    assert named
+    assert not [n for n in sorted(named) if not (ROOT / RECORDS / f"{n}.json").is_file()]

@@ -22,8 +22,8 @@ __all__ = ['PACKED', 'STAGED', 'SMALL_STEP', 'HostStage', 'StepBuffers', 'tables
 
 # %% ../../nbs/22a_step_buffers.ipynb #35bc22de
 class HostStage:
-    """Host mirrors of some device buffers, in pinned memory allocated once: filling a step no longer builds and
-    pins a fresh host tensor per buffer (an allocation each, every step). A stage is refilled only after the
+    """Host mirrors of some device buffers, in pinned memory allocated once, so filling a step builds and pins no
+    fresh host tensor per buffer (that would be an allocation each, every step). A stage is refilled only after the
     copies out of it have run: `wait` checks an event recorded after them, and in the steady state the step's own
     device-to-host read has already passed it, so the check never blocks."""
     def __init__(self, bufs: dict[str, torch.Tensor]):
