@@ -25,25 +25,23 @@ def graphs_for_runner(runner, max_num_seqs: int, ragged_tokens: int = 0) -> Grap
     drafting), the target's `GraphRunner` with the runner's forward as the eager fallback and the proposer's taps
     (ragged prefill graphs up to `ragged_tokens` tokens), and for DSpark the fused rounds sharing its pool."""
     pr = runner.proposer
-    drafter = getattr(pr, "drafter", None) or getattr(pr, "mtp", None)
-    if drafter is not None:                            # the drafter gets the same fast kernels
-        fast = fast_path(drafter)
-        if hasattr(drafter, "mhc"): drafter.mhc = fast
+    if pr is not None and pr.drafter is not None:      # the drafter gets the same fast kernels
+        pr.drafter.mhc = fast_path(pr.drafter)
     free0 = free_bytes()
-    if hasattr(pr, "draft_tensors"):                   # DSpark: its greedy draft step
+    if pr is not None and pr.draft_tensors is not None:   # DSpark: its greedy draft step
         try: pr.graphs = DraftGraphs(pr, max_num_seqs)
         except RuntimeError as e:                      # still correct without: the batched eager draft step
             log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
-    elif hasattr(pr, "propose_graphed"):               # MTP: its greedy drafting (chapter 24)
+    elif pr is not None and pr.propose_graphed is not None:   # MTP: its greedy drafting (chapter 24)
         try: pr.graphs = MTPGraphs(pr, max_num_seqs)
         except RuntimeError as e:
             log.warning("MTP drafting not captured (%s: %s); drafting eagerly", type(e).__name__, e)
     draft_bytes = free0 - free_bytes()
     g = GraphRunner(runner.model, runner.cache, runner.forward, max_num_seqs, runner.cache.cc.lookahead,
                     runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
-                    context=getattr(pr, "write_context", None), ragged_tokens=ragged_tokens)
+                    context=pr.write_context if pr else None, ragged_tokens=ragged_tokens)
     g.graph_bytes += draft_bytes                       # the draft step's graphs count too
-    if (hasattr(pr, "draft_tensors") and getattr(pr, "graphs", None) is not None and g.graphs   # chapter 23: a DSpark round in
+    if (pr is not None and pr.draft_tensors is not None and pr.graphs is not None and g.graphs   # chapter 23: a DSpark round in
             and runner.simulated is None):                                                   # one graph (not simulated)
         g.rounds = RoundGraphs(g, pr)
         g.graph_bytes += g.rounds.graph_bytes

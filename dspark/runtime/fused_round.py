@@ -81,7 +81,7 @@ class RoundGraphs:
         torch.argmax(out.logits[:n], -1, out=verified[:n])
         # accepted drafts after the argmax, then each request's anchor (the token after them), its position and ring;
         # with chapter 17's kernels on, one launch instead of ~25
-        hand = round_handover_triton if getattr(self.pr.drafter, "markov_kernel", None) is not None else round_handover
+        hand = round_handover_triton if self.pr.drafter.markov_kernel is not None else round_handover
         publish = {"host": self.host} if self.host is not None and hand is round_handover_triton else {}
         anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], self.drafts[:R], buf.tok_pos[:n],
                                  buf.ring_slot[:n], self.pr.ctx.scratch, self.width, **publish)

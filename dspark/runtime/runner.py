@@ -135,7 +135,7 @@ class ModelRunner:
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
         feats: list[torch.Tensor] = []
-        if pr and hasattr(pr, "claim"):                           # a captured step may write the drafter's rings
+        if pr and pr.claim is not None:                           # a captured step may write the drafter's rings
             for r, _ in batch: pr.claim(r.slot, r.request_id)
         greedy = all_plain_greedy([r for r, _ in batch])
         rounds = None if self.simulated else getattr(self.forward, "rounds", None)   # chapter 23: verify, accept, draft in one graph
@@ -294,7 +294,7 @@ class ModelRunner:
         `settle` takes later."""
         pr = self.proposer
         if ready is None:                      # requests the batch cannot take (a prefill's last chunk) go one by one
-            batched = callable(getattr(pr, "propose_sampled", None))
+            batched = pr.propose_sampled is not None
             alone = [not (batched and pr.batchable(m)) for _, _, m, _ in pending]
             for (r, f, m, toks), one in zip(pending, alone):
                 if one: self._propose(r, f, self._positions(r, m), toks)
@@ -330,8 +330,9 @@ class ModelRunner:
         and laying the round out after it. `plan`: `(request, anchor, P, drafts kept)`; `launch`: the plan is the
         whole next step (every request of this one that goes on drafts), else no round is launched, since the engine
         would schedule a different one. Returns whether it drafted."""
-        ra, graphs = self.round_ahead, getattr(self.proposer, "graphs", None)
-        if (not self.draft_ahead or ra is None or not hasattr(graphs, "launch") or self.deferred is not None
+        ra, graphs = self.round_ahead, self.proposer.graphs
+        if (not self.draft_ahead or ra is None or self.deferred is not None
+                or graphs is None or self.proposer.draft_tensors is None   # DSpark's captured draft step, not MTP's graphs
                 or not graphs.fits(len(plan), max(n for *_, n in plan))): return False
         fed = graphs.launch([r.slot for r, *_ in plan], [a for _, a, _, _ in plan], [P for _, _, P, _ in plan])
         gate = None if self.capacity is None else (lambda R: self.capacity.keeps_all(R, ra.rounds.rows(R)))
@@ -343,7 +344,7 @@ class ModelRunner:
         """MTP's observing and greedy drafting for a step's verified requests as one graph replay (chapter 24),
         when the proposer has graphs that fit the step; returns whether it drafted. Every request drafts the full
         depth on the device and keeps what fits its room."""
-        fn = getattr(self.proposer, "propose_graphed", None)
+        fn = self.proposer.propose_graphed
         if fn is None: return False
         firsts = [r.num_computed for r, *_ in pending]
         nxt = [next_ids(r, toks, a, m) for (r, _, m, toks), a in zip(pending, firsts)]

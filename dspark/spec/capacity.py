@@ -250,7 +250,7 @@ def profile_sps(runner, sizes: list[int], context: int = 64, reps: int = 3) -> S
     fwd = runner.forward
     if callable(getattr(fwd, "step_ms", None)) and getattr(fwd, "graphs", None):
         pts = [(n, fwd.step_ms(n, max(reps, 5))) for n in fwd.sizes]
-        dg = getattr(runner.proposer, "graphs", None)
+        dg = runner.proposer.graphs
         step = max(dg.step_ms(R, max(reps, 5)) for R in dg.sizes) if dg is not None else 0.0
         return SPSCurve(pts, 0.0, fwd.sizes[-1], step)
     from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, forward_cached

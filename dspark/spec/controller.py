@@ -197,14 +197,14 @@ class CapacityController:
 
     @classmethod
     def build(cls, config: CapacityConfig, runner, max_num_seqs: int) -> "CapacityController":
-        if getattr(runner.proposer, "confidence", False) is False:
+        if runner.proposer is None or not runner.proposer.confidence_head:
             raise ValueError("capacity control needs the DSpark drafter's confidence head (speculative='dspark')")
         sizes = list(getattr(runner.forward, "sizes", None) or capture_sizes(max_num_seqs, runner.K))   # the graphs' buckets
         if config.policy == "auto":    # graph buckets make SPS a step function: Algorithm 1 would stop at the first jump
             config = replace(config, policy="lagged" if getattr(runner.forward, "graphs", None) else "scheduler")
         ctl = cls(config, runner.K, resolve_sps(config.sps, runner, sizes, config.profile_context), sizes, max_num_seqs)
         pr = runner.proposer
-        if config.device_policy and hasattr(pr, "allocator"):      # the policy behind each draft step it reads
+        if config.device_policy:                                  # the policy behind each draft step it reads
             pr.allocator = DeviceAllocator(runner.K, max_num_seqs, ctl.curve, config.policy, config.threshold, pr.ctx.pos.device)
             ctl.proposer = pr
         ctl.read(runner, config.activation == 1)      # forced on from one request: the first proposals are read already
@@ -340,7 +340,7 @@ class CapacityController:
         calibration is the one fitted so far: the round that verifies this step updates it after the next draft step
         is queued, so the device decides on temperatures one round older than the host would (still only past
         rounds: non-anticipating)."""
-        alloc = getattr(runner.proposer, "allocator", None)
+        alloc = self.allocator
         if alloc is None or runner.proposer.confidence is None: return
         lagged = self.lagged.due() if self.lagged is not None else None
         alloc.prepare(self.host_ms_per_request or 0.0, self.curve.draft_step_ms, self.curve.draft_ms, lagged,

@@ -15,6 +15,7 @@ from ..model.drafter import DSparkDrafter
 from ..model.mtp import MTPDrafter, MTPRing
 from ..model.transformer import Transformer
 from ..sample.sampling import STREAMS, RowParams, SamplingParams, draft_sample, draw_keyed, on_device, probs, row_probs
+from .interface import Proposer
 
 # %% auto #0
 __all__ = ['dspark_round', 'dspark_proposer', 'DraftContext', 'Decided', 'decided', 'DSparkProposer', 'MTPProposer']
@@ -118,9 +119,9 @@ def decided(conf: list, fetch: Callable | None) -> list:
     lengths, dec = fetch()
     return [Decided(c, k, dec) for c, k in zip(conf, lengths)]
 
-class DSparkProposer:
+class DSparkProposer(Proposer):
     "DSpark drafting for the engine: the context ring plus one block forward per round."
-    final = False
+    final, confidence_head = False, True
     def __init__(self, drafter: DSparkDrafter, max_seqs: int, device):
         self.drafter, self.ctx = drafter, DraftContext(drafter, max_seqs, device)
         self.taps = tuple(drafter.cfg.dspark_target_layer_ids)
@@ -266,11 +267,11 @@ class DSparkProposer:
                 elif c is not None: self.confidence[rid] = (c[:n[i]], complete[i])
         return [d[:k] for d, k in zip(drafts, n)]
 
-class MTPProposer:
+class MTPProposer(Proposer):
     "MTP drafting for the engine: the MTP window ring, caught up on committed positions, then K steps."
     final, taps = True, ()
     def __init__(self, mtp: MTPDrafter, max_seqs: int, lookahead: int, device):
-        self.mtp, self.lookahead = mtp, lookahead
+        self.mtp, self.drafter, self.lookahead = mtp, mtp, lookahead
         self.ring = MTPRing(mtp.cfg, max_seqs, lookahead, mtp.target.embed.weight.dtype, device)
         self.last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.q: dict[str, torch.Tensor] = {}     # each request's pending draft distributions [n, V]
