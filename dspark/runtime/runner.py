@@ -118,7 +118,8 @@ class ModelRunner:
         self.proposed: dict[str, list[int]] = {}       # this round's proposals, until `_adopt` makes them the drafts
         self.prompt_lps: dict[str, list] = {}          # prompt logprobs gathered chunk by chunk, until the prefill ends
         self.grammars = None if tokenizer is None else Grammars(tokenizer, model.cfg.vocab_size)   # chapter 02b
-        self.masked_drafts = os.environ.get("DSPARK_MASKED_DRAFTS", "1") != "0"   # constrained drafts from the masked view
+        self.masked_drafts = os.environ.get("DSPARK_MASKED_DRAFTS", "1") != "0"   # chapter 02b: constrained requests
+                                                       # draft from the grammar-masked view (off: DSPARK_MASKED_DRAFTS=0)
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> RunnerOutput:
@@ -174,8 +175,9 @@ class ModelRunner:
         with logit processors (chapter 02a) has its rows recomputed through the reference, row `j` with the round's
         drafts before `j` in its history; its `q` stays the drafter's unprocessed proposal (exact: it is what the
         drafts were drawn from), and such a request never takes a fused or captured path. A structured-outputs
-        request's rows are also masked by its grammar (chapter 02b), row `j` after the drafts before `j`; its drafts
-        were drawn from the drafter's masked view, and `q` is that masked distribution."""
+        request's rows are also masked by its grammar (chapter 02b), row `j` after the drafts before `j`; with
+        `masked_drafts` (the default) its drafts were drawn from the drafter's masked view, and `q` is that masked
+        distribution."""
         reqs = [r for r, _, _ in items]
         K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
         flat = torch.cat([rows for _, _, rows in items])
