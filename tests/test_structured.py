@@ -49,10 +49,9 @@ def _pvalue(x, exact):
     return float(torch.special.gammaincc(torch.tensor(int(keep.sum()) / 2.0), torch.tensor(chi2 / 2.0)))
 
 
-@pytest.mark.slow
-def test_speculative_samples_the_constrained_target(v16):
-    """T = 1, 16 tokens, DSpark K = 3, a token-level grammar: the first three tokens follow the exact marginals of the
-    masked target (each position masked by the grammar state after the tokens before it)."""
+def _constrained_pvalues(v16, N: int = 1200) -> list[float]:
+    """Chi-square p-values of `N` constrained samples from the v16 engine against the exact masked target: the first
+    three tokens' marginals, then their joint law."""
     target, spec = v16
     A, B, C = [3, 5, 7, 9], [2, 4, 6], [1, 3, 5, 8, 11]
     lark = "start: a b c c\na: " + " | ".join(f"<[{t}]>" for t in A) + "\nb: " + " | ".join(f"<[{t}]>" for t in B) + \
@@ -66,11 +65,42 @@ def test_speculative_samples_the_constrained_target(v16):
     p3 = torch.stack([torch.stack([P([x, y], C) if x in A and y in B else torch.zeros(V, dtype=torch.float64)
                                    for y in range(V)]) for x in range(V)])
     m2, m3 = p1 @ p2, torch.einsum("x,xy,xyz->z", p1, p2, p3)
-    N = 1200
     outs = spec.generate([prompt] * N, [SamplingParams(**(sp.__dict__ | dict(seed=s))) for s in range(N)], use_tqdm=False)
     x = torch.tensor([o.outputs[0].token_ids[:3] for o in outs])
-    for col, exact in enumerate((p1, m2, m3)):
-        assert _pvalue(x[:, col], exact) > 1e-3, col
+    joint = torch.einsum("x,xy,xyz->xyz", p1, p2, p3).reshape(-1)
+    return [_pvalue(x[:, col], exact) for col, exact in enumerate((p1, m2, m3))] + \
+           [_pvalue(x[:, 0] * V * V + x[:, 1] * V + x[:, 2], joint)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("masked", [True, False])
+def test_speculative_samples_the_constrained_target(v16, masked):
+    """T = 1, 16 tokens, DSpark K = 3, a token-level grammar, drafts from the drafter's masked view (`masked`, the
+    default) or its unmasked one: the first three tokens follow the exact marginals of the masked target (each
+    position masked by the grammar state after the tokens before it), and their joint law the exact product
+    p1(x) p2(y | x) p3(z | x, y) over all 16³ triples (cells expecting fewer than 5 of the 1,200 samples pooled into
+    one). Each chi-square test fails an exact sampler with probability about 1e-3 (the seeds are fixed, so the
+    outcome is too); `test_the_oracle_sees_a_wrong_q` shows it fails a sampler whose q is not the drafts' law."""
+    v16[1].engine.runner.masked_drafts = masked
+    try: pv = _constrained_pvalues(v16)
+    finally: v16[1].engine.runner.masked_drafts = True
+    print("masked" if masked else "unmasked", [f"{p:.3g}" for p in pv])
+    assert min(pv) > 1e-3, pv
+
+
+@pytest.mark.slow
+def test_the_oracle_sees_a_wrong_q(v16, monkeypatch):
+    """The oracle's power: masked drafts verified against a q that is not the law they were drawn from (halfway to
+    uniform on its support, a plausible bookkeeping slip) sample a different law, and the chi-square tests say so."""
+    from dspark.spec.proposers import DSparkProposer
+    right = DSparkProposer.draft_probs
+    def wrong(self, reqs, K):
+        q = right(self, reqs, K)
+        return 0.5 * q + 0.5 * (q > 0) / (q > 0).sum(-1, keepdim=True).clamp_min(1)
+    monkeypatch.setattr(DSparkProposer, "draft_probs", wrong)
+    pv = _constrained_pvalues(v16)
+    print("wrong q", [f"{p:.3g}" for p in pv])
+    assert min(pv) < 1e-3, pv
 
 
 @pytest.mark.parametrize("bad,field", [({"json": {"type": "foo"}}, "structured_outputs"), ({"regex": "a("}, "structured_outputs"),

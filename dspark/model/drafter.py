@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/drafter.html.md"""
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -282,6 +283,25 @@ class DSparkDrafter(nn.Module):
         "Sampled rounds for R requests in one batch (`block_hidden`'s arguments, settings `rp`): `markov_rows`' result."
         h = self.block_hidden(anchors, P, rows, valid, slots)
         return self.markov_rows(self.base_logits(h), h, anchors, rp, P, min(n, self.block_size))
+
+    @torch.no_grad()
+    def propose_masked(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, n: int,
+                       rp: RowParams, allowed: Callable, slots: torch.Tensor | None = None):
+        """`propose_rows` from a masked view: `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool
+        on the device, once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to
+        stop. The mask applies to the Markov-corrected logits before each request's temperature, top-k and top-p,
+        so `q` is the masked, renormalised distribution its draft is drawn from (one-hot on the allowed argmax on
+        greedy rows). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n` positions run."""
+        h = self.block_hidden(anchors, P, rows, valid, slots)
+        U, mh, prev, qs = self.base_logits(h), self.last.markov_head, [anchors], []
+        for k in range(min(n, self.block_size)):
+            ok = allowed(k, prev[-1].tolist() if k else None)          # the grammar needs the last draft on the host
+            if ok is None: break
+            x = torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1]))).masked_fill(~ok, float("-inf"))
+            qs.append(row_probs(x, rp))
+            prev.append(draw_keyed(qs[-1], rp.seed, P + k + 1, STREAMS["draft"]))
+        if not qs: return anchors[:, None][:, :0], U[:, :0], U.new_zeros(len(anchors), 0)
+        return torch.stack(prev[1:], 1), torch.stack(qs, 1), self._confidence(h[:, :len(qs)], torch.stack(prev[:-1], 1))
 
     @torch.no_grad()
     def propose_greedy(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,

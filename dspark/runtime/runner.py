@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Callable
@@ -117,6 +118,8 @@ class ModelRunner:
         self.proposed: dict[str, list[int]] = {}       # this round's proposals, until `_adopt` makes them the drafts
         self.prompt_lps: dict[str, list] = {}          # prompt logprobs gathered chunk by chunk, until the prefill ends
         self.grammars = None if tokenizer is None else Grammars(tokenizer, model.cfg.vocab_size)   # chapter 02b
+        self.masked_drafts = os.environ.get("DSPARK_MASKED_DRAFTS", "1") != "0"   # chapter 02b: constrained requests
+                                                       # draft from the grammar-masked view (off: DSPARK_MASKED_DRAFTS=0)
 
     @torch.no_grad()
     def execute(self, batch: list[tuple[Request, int]]) -> RunnerOutput:
@@ -172,7 +175,9 @@ class ModelRunner:
         with logit processors (chapter 02a) has its rows recomputed through the reference, row `j` with the round's
         drafts before `j` in its history; its `q` stays the drafter's unprocessed proposal (exact: it is what the
         drafts were drawn from), and such a request never takes a fused or captured path. A structured-outputs
-        request's rows are also masked by its grammar (chapter 02b), row `j` after the drafts before `j`."""
+        request's rows are also masked by its grammar (chapter 02b), row `j` after the drafts before `j`; with
+        `masked_drafts` (the default) its drafts were drawn from the drafter's masked view, and `q` is that masked
+        distribution."""
         reqs = [r for r, _, _ in items]
         K, V, dev = max(k for _, k, _ in items), items[0][2].shape[-1], items[0][2].device
         flat = torch.cat([rows for _, _, rows in items])
@@ -314,6 +319,12 @@ class ModelRunner:
         if ready is not None:                                       # a fused round drafted already: `settle` takes them
             self.deferred = (ready, [(r, n) for r, _, _, n in plan])
         elif plan:
+            if self.masked_drafts and callable(getattr(pr, "propose_masked", None)):    # chapter 02b: masked drafting
+                held = [x for x in plan if x[0].params.structured_outputs is not None]
+                if held:
+                    self._propose_masked(held, {r.request_id: toks for r, _, _, toks in pending})
+                    plan = [x for x in plan if x[0].params.structured_outputs is None]
+                    if not plan: return
             args = [r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], *map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
             greedy = all(r.params.greedy for r, *_ in plan)
             if greedy and self._draft_ahead(plan, whole and len(plan) == sum(
@@ -321,6 +332,18 @@ class ModelRunner:
             if greedy: drafts = pr.propose_greedy(*args)
             else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
             for (r, *_), d in zip(plan, drafts): self.proposed[r.request_id] = d
+
+    def _propose_masked(self, plan: list, toks: dict[str, list[int]]) -> None:
+        """Drafts for structured-outputs requests from the drafter's view masked by their grammars (chapter 02b),
+        each grammar walked from the request's committed tokens and `toks`, what this step commits. `plan`:
+        `(request, anchor, P, drafts kept)`. They are drafted eagerly, apart from the step's other requests."""
+        reqs = [r for r, *_ in plan]
+        walk = self._grammars().walk(reqs, [toks[r.request_id] for r in reqs], [n for *_, n in plan],
+                                     self.model.embed.weight.device)
+        drafts = self.proposer.propose_masked([r.slot for r in reqs], [r.request_id for r in reqs],
+                                              *map(list, zip(*[(a, P, n) for _, a, P, n in plan])),
+                                              [r.params for r in reqs], [r.seed for r in reqs], walk)
+        for r, d in zip(reqs, drafts): self.proposed[r.request_id] = d
 
     def _draft_ahead(self, plan: list, launch: bool) -> bool:
         """Chapter 25 for steps that are not fused rounds (a request's first drafts, after its prefill): replay the

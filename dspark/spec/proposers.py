@@ -234,6 +234,23 @@ class DSparkProposer(Proposer):
             drafts, conf, complete = self.draft_rows(t(slots), t(anchors), t(P), max(n), RowParams.of(params, seeds, dev))
         return self._read(rids, n, drafts, conf, complete)
 
+    def propose_masked(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int],
+                       params: list, seeds: list[int], walk) -> list[list[int]]:
+        """`propose_sampled` for structured-outputs requests, from the drafter's masked view (chapter 02b): `walk`
+        (a `DraftWalk` over the requests' grammars, at most `n[i]` drafts each) masks every position by the grammar
+        state after the drafts before it and ends a draft where the grammar does (`walk.n`). The masked
+        distributions stay on the device for verification. Eager, one device-to-host copy a position: the grammar
+        needs each draft on the host before it can mask the next."""
+        dev = self.ctx.pos.device
+        t = lambda v: on_device(v, torch.long, dev)
+        s, p = t(slots), t(P)
+        valid, complete = self._window(s, p)
+        drafts, q, conf = self.drafter.propose_masked(t(anchors), p, self.ctx.rows, valid, max(n),
+                                                      RowParams.of(params, seeds, dev), walk, s)
+        self._keep_q(s, q)
+        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
+        return self.collect(rids, walk.n, drafts.tolist(), conf, complete.tolist())
+
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
         request i gets `n[i]` drafts. One device-to-host copy for the whole batch."""

@@ -1,0 +1,66 @@
+"""Masked drafting (chapter 02b): a structured-outputs request's drafts come from the drafter's view masked by its
+grammar, so every draft the engine verifies is one the grammar allows, and the mean acceptance length on the
+embedded model's JSON is at least the unmasked drafter's. (The distribution oracle, masked and unmasked, is
+`test_structured.test_speculative_samples_the_constrained_target`.)"""
+import json
+
+import jsonschema
+import llguidance as llg
+import pytest
+
+from dspark.entrypoints.llm import LLM
+from dspark.sample.sampling import SamplingParams
+from dspark.sample.structured import grammar_of
+from test_structured import SCHEMA
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(speculative="dspark", max_num_seqs=8)
+
+
+def _run(llm, masked: bool, temperature: float):
+    """Six JSON completions with drafts masked or not; returns the outputs, the counters, and every verified
+    round's `(committed tokens, drafts)` as the runner saw them."""
+    runner, seen = llm.engine.runner, []
+    runner.masked_drafts, execute = masked, runner.execute
+    def spy(batch):
+        seen.extend((list(r.output_ids), list(r.drafts)) for r, _ in batch if r.drafts)
+        return execute(batch)
+    runner.execute, before = spy, llm.spec_stats()
+    try:
+        sp = [SamplingParams(temperature=temperature, max_tokens=48, seed=s, structured_outputs={"json": SCHEMA}) for s in range(6)]
+        outs = llm.generate(["Data:", "x = ", "{", "def f():", "Config:", "#"], sp, use_tqdm=False)
+    finally: runner.execute, runner.masked_drafts = execute, True
+    after = llm.spec_stats()
+    d = {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    return outs, d, seen
+
+
+def _forbidden(llm, seen) -> int:
+    "Drafts the grammar forbids after the committed tokens and the drafts before them, over all rounds."
+    g, bad = llm.engine.runner.grammars, 0
+    for out, drafts in seen:
+        m = llg.LLMatcher(g.tok, grammar_of({"json": SCHEMA}), log_level=0)
+        assert all(m.consume_token(t) for t in out)
+        bad += len(drafts) - m.validate_tokens(drafts)
+    return bad
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_masked_drafts_are_grammatical_and_accepted_longer(llm, temperature):
+    got = {}
+    for masked in (True, False):
+        outs, d, seen = _run(llm, masked, temperature)
+        for o in outs:
+            assert o.outputs[0].finish_reason == "stop", o
+            jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
+        got[masked] = dict(d, forbidden=_forbidden(llm, seen), rounds=len(seen),
+                           mean_acceptance_length=1 + d["num_accepted_tokens"] / d["num_drafts"],
+                           texts=[o.outputs[0].text for o in outs])
+    print(temperature, {m: {k: v for k, v in g.items() if k != "texts"} for m, g in got.items()})
+    assert got[True]["rounds"] > 0 and got[True]["forbidden"] == 0          # every verified draft is grammatical
+    assert got[False]["forbidden"] > 0                                       # ... which unmasked drafts are not
+    assert got[True]["mean_acceptance_length"] >= got[False]["mean_acceptance_length"]
+    if temperature == 0: assert got[True]["texts"] == got[False]["texts"]   # greedy: lossless either way
