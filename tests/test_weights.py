@@ -182,3 +182,26 @@ def test_engine_args_carry_both_settings():
     kw = args.llm_kwargs()
     assert kw["quantization"] == "auto" and kw["load_format"] == "dummy"
     with pytest.raises(ValueError, match="quantization"): EngineArgs(quantization="fp8")
+
+
+def test_grouped_linear_reads_the_stored_bytes_through_its_hook():
+    """`grouped_linear` (V4's `wo_a`): the dense einsum without a hook; with `grouped` set, the grouped FP8 kernel's
+    product (here the Triton interpreter), equal to `fp8_grouped_linear_ref` — the same activation quantisation —
+    and close to the dense product (the activation's FP8 rounding is the only difference)."""
+    from dspark.kernels.fp8 import fp8_grouped_linear_ref, fp8_linear_triton
+    from dspark.model.weights import FP8Linear, grouped_linear
+    from dspark.model.quant import quantize_fp8
+    g = torch.Generator().manual_seed(3)
+    lin = FP8Linear(256, 4 * 128)
+    w, s = quantize_fp8(torch.randn(4 * 128, 256, generator=g) * 0.06)
+    lin.weight.data.copy_(w); lin.scale.data.copy_(s)
+    x = torch.randn(3, 4, 256, generator=g)
+    with torch.no_grad():
+        dense = grouped_linear(lin, x)
+        lin.grouped = lambda x, w, s: fp8_linear_triton(x, w, s, groups=x.shape[-2])
+        fast = grouped_linear(lin, x)
+    assert fast.shape == dense.shape == (3, 4, 128)
+    torch.testing.assert_close(fast, fp8_grouped_linear_ref(x, lin.weight, lin.scale), rtol=0, atol=1e-5)
+    assert (fast - dense).abs().max() <= 0.05 * dense.abs().max()
+    lin.grouped = lambda *a: None                          # a kernel that declines (too many rows): the dense path
+    with torch.no_grad(): torch.testing.assert_close(grouped_linear(lin, x), dense)

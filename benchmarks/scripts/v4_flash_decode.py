@@ -61,6 +61,9 @@ def overrides(model: str, n: int) -> dict:
 def run_mode(a, mode: str, n: int, out: dict, save) -> None:
     "Build the engine for `mode` (none | dspark | dspark+capacity), then its decode rows and prefill rows."
     import dspark
+    if a.dense_wo_a:                                  # the A/B baseline: wo_a dequantised for its einsum every step
+        import dspark.runtime.graphs as graphs
+        graphs.fp8_grouped_linear = lambda *args: None
     spec = None if mode == "none" else "dspark"
     t0 = time.perf_counter()
     llm = dspark.LLM(model=a.model, load_format="dummy", quantization=a.quantization, hf_overrides=overrides(a.model, n),
@@ -130,7 +133,7 @@ def main(a) -> None:
         res = module_from_spec(spec); spec.loader.exec_module(res)
         n = res.layers_that_fit(total, a.max_model_len, 8, a.tokens) - a.headroom
     out = {"commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "model": a.model,
-           "quantization": a.quantization, "layers": n, "eager": a.eager, "simulate_acceptance": a.simulate_acceptance,
+           "quantization": a.quantization, "layers": n, "dense_wo_a": a.dense_wo_a, "eager": a.eager, "simulate_acceptance": a.simulate_acceptance,
            "copy_TB_s": round(copy_tb_s(), 3), "modes": {}}
     path = Path(os.environ.get("OUT", "/tmp"), f"v4_flash_decode_{a.tag}.json")
     save = lambda: path.write_text(json.dumps(out, indent=1) + "\n")
@@ -151,6 +154,7 @@ if __name__ == "__main__":
     ap.add_argument("--quantization", default="auto", choices=["auto", "none"], help="none: the bf16 path, for comparison")
     ap.add_argument("--tag", default="run", help="the output file is $OUT/v4_flash_decode_<tag>.json")
     ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--dense-wo-a", action="store_true", help="baseline: wo_a dequantised, not the grouped FP8 kernel")
     ap.add_argument("--headroom", type=int, default=2, help="layers fewer than the eager plan fits (graph pools)")
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])

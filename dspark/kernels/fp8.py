@@ -22,9 +22,9 @@ import triton.language as tl
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_quant, e8m0_to_float, quantize_fp8
 
 # %% auto #0
-__all__ = ['FP8_SMALL_M', 'FP8_TILES', 'FP8_TILE_CHOICES', 'FP8_SPLITS', 'HAS_BLOCKWISE_SCALED_MM', 'fp8_linear_ref', 'FP8Config',
-           'fp8_config', 'fp8_linear_triton', 'act_quant_triton', 'fp8_linear_library', 'fp8_library_ok', 'fp8_linear',
-           'fp8_linear_check']
+__all__ = ['FP8_SMALL_M', 'FP8_TILES', 'FP8_TILE_CHOICES', 'FP8_SPLITS', 'HAS_BLOCKWISE_SCALED_MM', 'fp8_linear_ref',
+           'fp8_grouped_linear_ref', 'FP8Config', 'fp8_config', 'fp8_linear_triton', 'act_quant_triton',
+           'fp8_linear_library', 'fp8_library_ok', 'fp8_linear', 'fp8_grouped_linear', 'fp8_linear_check']
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f80505c8
 def _check_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
@@ -40,6 +40,14 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> t
                          f"got {list(x.shape)}")
     return O, I
 
+def _check_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, groups: int) -> tuple[int, int]:
+    "(O/G, I/G) of a grouped product, after checking that `x [..., G, I']` meets `G` row blocks of 128-aligned height."
+    if x.dim() < 2 or x.shape[-2] != groups or weight.dim() != 2 or weight.shape[0] % (groups * 128):
+        raise ValueError(f"fp8_grouped_linear: x must be [..., {groups}, I] and the weight's rows {groups} blocks of a "
+                         f"multiple of 128, got x {list(x.shape)} and weight {list(weight.shape)}")
+    _check_args(x[..., 0, :], weight, scale)
+    return weight.shape[0] // groups, weight.shape[1]
+
 def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """`x [..., I]` times an FP8 weight as stored (`weight` e4m3 `[O, I]`, `scale` e8m0 `[⌈O/128⌉, I/128]`), the
     activation quantised by `act_quant`: `[..., O]` in `x.dtype`, each 128-block of the contraction summed in fp32 and
@@ -52,6 +60,14 @@ def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
         k = slice(b * ACT_BLOCK, (b + 1) * ACT_BLOCK)
         y += (xq[:, k].float() @ weight[:, k].float().T) * xs[:, b, None] * ws[None, :, b]
     return y.to(x.dtype).view(*x.shape[:-1], O)
+
+def fp8_grouped_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """V4's grouped output projection (`wo_a`) as stored: `x [..., G, I]`, the weight `[G·O, I]` in `G` row blocks;
+    group `g`'s input meets block `g` alone -> `[..., G, O]` (`fp8_linear_ref` per group)."""
+    G = x.shape[-2]
+    O, _ = _check_grouped(x, weight, scale, G)
+    return torch.stack([fp8_linear_ref(x[..., g, :], weight[g * O:(g + 1) * O], scale[g * O // 128:(g + 1) * O // 128])
+                        for g in range(G)], -2)
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f808bbf0
 @triton.jit
@@ -68,20 +84,26 @@ def _quant_slab(xv, FMAX: tl.constexpr):
     return r * step, xs
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT,
+def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, G,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr):
     """Program (n, s, m): rows `m·BLOCK_M …` × columns `n·BLOCK_N …` of `x · wᵀ` over the s-th run of
     `BLOCKS_PER_SPLIT` 128-blocks of K, accumulated in fp32 and stored (cast to the output's dtype) at split `s` of
-    `out [splits, M, N]`. `x` is quantised per 128-block as `act_quant`; `ws` holds the e8m0 scale bytes."""
-    pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    `out [splits, M, G·N]`. `x` is quantised per 128-block as `act_quant`; `ws` holds the e8m0 scale bytes. With
+    `G` groups, program id 2 also numbers the group `g`: its input is `x[:, g·K:(g+1)·K]`, its weight rows
+    `g·N … g·N + N − 1`, its output columns the same (`G = 1`: one plain linear)."""
+    pid_n, pid_s, pid_mg = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m_blocks = tl.cdiv(M, BLOCK_M)
+    g = pid_mg // m_blocks
+    pid_m = pid_mg - g * m_blocks
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, 128)
     m_ok, n_ok = m < M, n < N
     n_blocks = K // 128
-    x_rows = x_ptr + m[:, None].to(tl.int64) * s_xm
-    w_rows = w_ptr + n[:, None].to(tl.int64) * K
-    ws_rows = ws_ptr + (n // 128) * n_blocks
+    row = g * N + n                                             # the weight's row (and the output's column)
+    x_rows = x_ptr + g.to(tl.int64) * K + m[:, None].to(tl.int64) * s_xm
+    w_rows = w_ptr + row[:, None].to(tl.int64) * K
+    ws_rows = ws_ptr + (row // 128) * n_blocks
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = pid_s * BLOCKS_PER_SPLIT
     for b in range(first, tl.minimum(first + BLOCKS_PER_SPLIT, n_blocks)):
@@ -92,7 +114,7 @@ def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_
         wsc = tl.exp2(tl.load(ws_rows + b, mask=n_ok, other=127).to(tl.float32) - 127.0)
         part = tl.dot(xq.to(tl.float8e4nv), tl.trans(wq))           # fp8 × fp8, fp32 sum over the 128-block
         acc += part * xs[:, None] * wsc[None, :]
-    out = out_ptr + pid_s.to(tl.int64) * M * N + m[:, None].to(tl.int64) * N + n[None, :]
+    out = out_ptr + pid_s.to(tl.int64) * M * G * N + m[:, None].to(tl.int64) * G * N + row[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 @triton.jit
@@ -139,26 +161,27 @@ def fp8_config(M: int, O: int, I: int, sms: int = 132) -> FP8Config:
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f812b28e
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                      config: FP8Config | None = None) -> torch.Tensor:
+                      config: FP8Config | None = None, groups: int = 1) -> torch.Tensor:
     """`fp8_linear_ref`'s product by the split-K Triton kernel: `x [..., I]` (fp32, bf16 or fp16) -> `[..., O]` in
-    `x.dtype`, one launch (two with split-K), no host sync."""
-    O, I = _check_args(x, weight, scale)
-    x2 = x.reshape(-1, I)
+    `x.dtype`, one launch (two with split-K), no host sync. With `groups = G`, `x [..., G, I/G]` meets the weight's
+    `G` row blocks one each (`fp8_grouped_linear`) and the result is `[..., G, O/G]`."""
+    O, I = _check_args(x, weight, scale) if groups == 1 else _check_grouped(x, weight, scale, groups)
+    x2 = x.reshape(-1, groups * I)
     if x2.stride(-1) != 1: x2 = x2.contiguous()
     M = x2.shape[0]
-    y = torch.empty(M, O, dtype=x.dtype, device=x.device)
+    y = torch.empty(M, groups * O, dtype=x.dtype, device=x.device)
     if M == 0: return y.view(*x.shape[:-1], O)
-    c = config or fp8_config(M, O, I, _sm_count(x.device))
+    c = config or fp8_config(M, groups * O, I, _sm_count(x.device))
     blocks = I // ACT_BLOCK
     per_split = triton.cdiv(blocks, c.split_k)
     splits = triton.cdiv(blocks, per_split)                     # no empty split
-    out = y if splits == 1 else torch.empty(splits, M, O, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(O, c.block_n), splits, triton.cdiv(M, c.block_m))
+    out = y if splits == 1 else torch.empty(splits, M, groups * O, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(O, c.block_n), splits, triton.cdiv(M, c.block_m) * groups)
     launch(_fp8_linear_kernel, grid, x2, x2.stride(0), weight.contiguous(), scale.view(torch.uint8).contiguous(), out,
-           M, O, I, per_split, BLOCK_M=c.block_m, BLOCK_N=c.block_n, FMAX=FP8_MAX, num_warps=c.num_warps,
+           M, O, I, per_split, groups, BLOCK_M=c.block_m, BLOCK_N=c.block_n, FMAX=FP8_MAX, num_warps=c.num_warps,
            num_stages=c.num_stages)
     if splits > 1:
-        launch(_split_sum_kernel, (triton.cdiv(M * O, 1024),), out, y, M * O, SPLITS=splits, BLOCK=1024)
+        launch(_split_sum_kernel, (triton.cdiv(M * groups * O, 1024),), out, y, M * groups * O, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], O)
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f8185b98
@@ -242,6 +265,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
         return fp8_linear_library(x, weight, scale)
     return fp8_linear_triton(x, weight, scale, FP8Config(64, 128, 1, 4, 3))
 
+def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`fp8_grouped_linear_ref`'s product: one launch of the split-K kernel over every group for up to 64 rows (a
+    decode, verify or draft step reads the weight once, where dequantising it wrote and read it again in bf16);
+    `None` above, so the caller keeps its dense path (a prefill amortises the dequantisation over its rows)."""
+    G = x.shape[-2]
+    M = x.numel() // x.shape[-1] // G
+    if not x.is_cuda or M > 64: return None
+    return fp8_linear_triton(x, weight, scale, groups=G)
+
 _CHECK_TOL = {torch.float32: 1e-3, torch.bfloat16: 2 ** -7 + 1e-3, torch.float16: 2 ** -10 + 1e-3}
 
 @torch.no_grad()
@@ -260,6 +292,13 @@ def fp8_linear_check(device: str | torch.device, dtype: torch.dtype = torch.bflo
                 c = None if split is None else fp8_config(M, O, I)._replace(split_k=split)
                 y, what = fp8_linear_triton(x, wq, ws, c), "fp8_linear_triton"
             ref = fp8_linear_ref(x, wq, ws)
+            if M in (1, 5):                                     # the grouped launch: two groups of 128 rows
+                xg = torch.randn(M, 2, I, generator=g).to(device, dtype)
+                wg, sg = (t.to(device) for t in quantize_fp8(torch.randn(256, I, generator=g) * I ** -0.5))
+                rg = fp8_grouped_linear_ref(xg, wg, sg).float()
+                err = (fp8_linear_triton(xg, wg, sg, groups=2).float() - rg).abs().max().item()
+                if not err <= _CHECK_TOL.get(dtype, 1e-2) * rg.abs().max().item():
+                    return f"the grouped fp8_linear_triton differs from fp8_grouped_linear_ref by {err:.3g} at M={M} in {dtype} on {device}"
             err, tol = (y.float() - ref.float()).abs().max().item(), _CHECK_TOL.get(dtype, 1e-2) * ref.float().abs().max().item()
             if not err <= tol:                                  # (a NaN fails too)
                 return f"{what} differs from fp8_linear_ref by {err:.3g} at M={M}, O={O}, I={I} in {dtype} on {device} (tolerance {tol:.3g})"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .quant import fake_quant_index, fake_quant_kv
-from .weights import dense_weight
+from .weights import grouped_linear
 from ..config import CSA, HCA, SLIDING, ModelConfig
 from .layers import (RMSNorm, apply_rope, is_batch_invariant, per_token, rms_norm, rope_cos_sin, rope_inv_freq,
                            topk_stable)
@@ -193,7 +193,7 @@ class Attention(nn.Module):
         "The grouped low-rank projection of de-rotated heads `[..., H, d]` → `[..., D]` (the fast path de-rotates in place)."
         g = self.cfg.o_groups
         o = o.flatten(-2).unflatten(-1, (g, -1))                              # [..., g, H*d/g]
-        z = torch.einsum("...gi,goi->...go", o, dense_weight(self.wo_a, o.dtype).view(g, self.cfg.o_lora_rank, -1))
+        z = grouped_linear(self.wo_a, o)                                      # [..., g, o_lora_rank]
         return self.wo_b(z.flatten(-2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

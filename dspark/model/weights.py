@@ -20,8 +20,8 @@ from .quant import FP4_VALUES, FP8_MAX, quantize_fp4, quantize_fp8
 
 # %% auto #0
 __all__ = ['BLOCK', 'FP4_BLOCK', 'FP8_LINEAR', 'FP4_EXPERT', 'STORED_FP32', 'FP4_RMS', 'FP8_SPREAD', 'scratch', 'e8m0_scales',
-           'StoredLinear', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'quantized_as', 'stored_format',
-           'as_stored', 'resident_bytes', 'dummy_weights']
+           'StoredLinear', 'FP8Linear', 'fp4_pairs', 'FP4Linear', 'dense_weight', 'grouped_linear', 'quantized_as',
+           'stored_format', 'as_stored', 'resident_bytes', 'dummy_weights']
 
 # %% ../../nbs/07a_weights.ipynb #w006
 _SCRATCH: dict[tuple[str, str, torch.dtype], torch.Tensor] = {}
@@ -53,8 +53,9 @@ class StoredLinear(nn.Module):
     tensors keep their dtypes: `model.to(device)` moves them, `model.to(dtype)` or `.half()` is refused (it would cast
     the codes and scales as if they were values). `fast`, when the runtime sets it on a module, is a kernel
     `fast(x, weight, scale) -> y` computing the same product from the stored tensors (chapter 18a's `fp8_linear` for
-    an `FP8Linear`); it stands in at inference (`fast_kernel_ok`) for an `x` on the weights' device."""
-    fast = None
+    an `FP8Linear`); it stands in at inference (`fast_kernel_ok`) for an `x` on the weights' device. `grouped` is
+    the same for `grouped_linear`'s product by row blocks (`fp8_grouped_linear`)."""
+    fast = grouped = None
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fast_kernel_ok(self.fast) and x.device == self.weight.device:
             return self.fast(x, self.weight, self.scale)
@@ -134,6 +135,16 @@ class FP4Linear(StoredLinear):
 def dense_weight(linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     "A linear map's dense weight in `dtype`: the parameter itself for `nn.Linear`, else its dequantisation."
     return linear.dequantized(dtype) if isinstance(linear, StoredLinear) else linear.weight.to(dtype)
+
+def grouped_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`x [..., G, I]` through the `G` row blocks of `linear`'s weight `[G·O, I]`, block `g` for group `g` alone ->
+    `[..., G, O]` (V4's grouped output projection `wo_a`). A stored linear whose runtime set `grouped` (chapter 18a's
+    `fp8_grouped_linear`) reads its FP8 bytes in one launch where that kernel applies; otherwise the dense weight
+    meets each group in one einsum."""
+    if isinstance(linear, StoredLinear) and fast_kernel_ok(linear.grouped) and x.device == linear.weight.device:
+        y = linear.grouped(x, linear.weight, linear.scale)
+        if y is not None: return y
+    return torch.einsum("...gi,goi->...go", x, dense_weight(linear, x.dtype).view(x.shape[-2], -1, x.shape[-1]))
 
 # %% ../../nbs/07a_weights.ipynb #w014
 # which linears the release stores as FP8 and which as FP4 (by module name), and which plain tensors it keeps in fp32

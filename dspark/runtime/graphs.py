@@ -18,7 +18,7 @@ import torch
 
 from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
-from ..kernels.fp8 import fp8_linear, fp8_linear_check
+from ..kernels.fp8 import fp8_grouped_linear, fp8_linear, fp8_linear_check
 from ..kernels.fp4_moe import fp4_moe_check, fp4_moe_layer, stack_fp4_experts
 from ..kernels.fused import qkv_rope_insert_
 from ..kernels.round import window_triton
@@ -70,7 +70,7 @@ def stored_kernels(*models) -> str:
     said = []
     if fp8:
         why = fp8_linear_check(fp8[0].weight.device)
-        for m in fp8: m.fast = None if why else fp8_linear
+        for m in fp8: m.fast, m.grouped = (None, None) if why else (fp8_linear, fp8_grouped_linear)
         said.append(f"{len(fp8)} FP8 linears: " + (f"dequantised, the kernel is off ({why})" if why else "fp8_linear"))
     if moes:
         why = fp4_moe_check(moes[0].experts[0].w1.weight.device)
