@@ -326,8 +326,8 @@ class ModelRunner:
                     plan = [x for x in plan if x[0].params.structured_outputs is None]
                     if not plan: return
             args = [r.slot for r, *_ in plan], [r.request_id for r, *_ in plan], *map(list, zip(*[(a, P, n) for _, a, P, n in plan]))
-            greedy = all(r.params.greedy for r, *_ in plan)
-            if greedy and self._draft_ahead(plan, whole and len(plan) == sum(
+            greedy = all(r.params.greedy for r, *_ in plan)      # a round launched ahead verifies by argmax: plain greedy only
+            if greedy and all_plain_greedy([r for r, *_ in plan]) and self._draft_ahead(plan, whole and len(plan) == sum(
                     not r.ends_on_length(len(t), self.max_model_len) for r, _, _, t in pending)): return
             if greedy: drafts = pr.propose_greedy(*args)
             else: drafts = pr.propose_sampled(*args, [r.params for r, *_ in plan], [r.seed for r, *_ in plan])
