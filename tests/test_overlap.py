@@ -334,3 +334,30 @@ def test_would_admit(tiny_ckpt):
     llm.step()                                                   # both admitted: 6 of 6 blocks held
     llm.add_request(list(range(5, 40)), greedy(4)[0])
     assert not s.would_admit(0)                                  # a seat but no blocks
+
+
+def test_no_round_is_launched_ahead_for_a_processed_greedy_request(monkeypatch):
+    """A round launched ahead is verified by the target's raw argmax. A greedy request whose distribution is
+    processed (here a repetition penalty that changes its tokens) must not get one: with rounds launched ahead,
+    a batch of a plain and a penalised request on the same prompt decodes exactly as the synchronous engine."""
+    from dspark.tools.capacity_sweep import sweep_prompts
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.runtime.graphs import DraftGraphs
+    from dspark.runtime.overlap import RoundAhead
+    from test_fused_round import emulate_rounds
+    use_references(monkeypatch)
+    prompt = sweep_prompts(DEFAULT_MODEL, 1, 24)[0][:24]
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, repetition_penalty=2.0)]
+    def go(ahead: bool) -> list[list[int]]:
+        llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=2, max_model_len=64,
+                         kv_cache_memory_bytes=8 * 2**20, enable_prefix_caching=False)
+        rounds = emulate_rounds(llm)
+        if ahead:
+            llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
+            llm.runner.round_ahead.admits = llm.scheduler.would_admit
+            llm.runner.proposer.graphs = DraftGraphs(llm.runner.proposer, 2, capture=False)
+        return [o.outputs[0].token_ids for o in llm.generate([prompt, prompt], params, use_tqdm=False)]
+    sync = go(False)
+    assert sync[0] != sync[1]                                # the penalty changes what greedy decoding picks
+    assert go(True) == sync
