@@ -87,3 +87,20 @@ def test_stop_matcher_keep_cuts_after_the_winner():
     assert m.find("abcd", 0) == 2 and k.find("abcd", 0) == 4      # the first-listed string wins, as in vLLM
     assert m.find("xbcd", 3) == 2 and k.find("xbcd", 3) == 4      # occurrences that end before `sent` are old
     assert m.find("xb", 0) == 1 and k.find("xb", 0) == 2
+
+
+def test_a_step_of_several_tokens_stops_where_one_token_a_step_would(pair):
+    """lm-eval's `until: ["\\n", "."]` found this: a step that commits several tokens (speculation) used to let the
+    first-listed stop string win over one that the text completed tokens earlier (cut at "\\n" after "."). The
+    text is now checked token by token, so where it stops is the same with speculation on and off."""
+    from dspark.engine.outputs import push_until_stop
+    from dspark.tokenizer import IncrementalDetokenizer
+    tok = pair[0].tokenizer
+    ids = tok.encode(" not in the C API.\nMore", add_special_tokens=False)
+    for keep, want in ((False, " not in the C API"), (True, " not in the C API.")):
+        text, cut = push_until_stop(IncrementalDetokenizer(tok), "", ids, StopMatcher(["\n", "."], keep), 0)
+        assert text[:cut] == want, (keep, text, cut)
+    text, cut = push_until_stop(IncrementalDetokenizer(tok), "", ids, StopMatcher(["\n", "."]), 0, min_tokens=len(ids))
+    assert cut is None and text == " not in the C API.\nMore"          # no token before min_tokens completes one
+    assert both(pair, stop=["\n", " and", ","])[:2] == (" 2.5.0.0", "stop")
+    assert both(pair, stop=["of the", "not"], include_stop_str_in_output=True)[:2] == (" 2.5.0.0, and not", "stop")

@@ -32,7 +32,7 @@ from ..model.transformer import Transformer
 from ..sample.sampling import SamplingParams, stream_key
 from ..request import Request
 from ..runtime.runner import ModelRunner, RunnerOutput, SimulatedAcceptance, as_decided
-from .outputs import CompletionOutput, EngineBroken, RequestDelta, RequestOutput, StopMatcher, is_fatal, step_fault
+from .outputs import CompletionOutput, EngineBroken, RequestDelta, RequestOutput, StopMatcher, is_fatal, push_until_stop, step_fault
 from .scheduler import KVCacheManager, Scheduler, SchedulerConfig
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -414,9 +414,9 @@ class EngineCore:
         r, sp = t.req, t.req.params
         by_token = bool(new) and new[-1] in t.stop            # a stop token's text is left out unless kept (as vLLM)
         shown = new[:-1] if by_token and not sp.include_stop_str_in_output else new
+        cut = None
         if t.lazy: t.detok.extend(shown)                      # decoded once, at the end (no stop strings to look for)
-        else: t.text += t.detok.push(shown)
-        cut = t.stops.find(t.text, t.sent) if t.stops and len(r.output_ids) >= sp.min_tokens else None   # a stop string cuts the text before (or after) it, not before min_tokens
+        else: t.text, cut = push_until_stop(t.detok, t.text, shown, t.stops, len(r.output_ids) - len(new), sp.min_tokens)   # a stop string cuts the text before (or after) it
         if cut is not None:
             t.text = t.text[:cut]
             return "stop"
