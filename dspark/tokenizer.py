@@ -94,9 +94,25 @@ class Tokenizer:
         # server's worker thread does not stall its event loop
         return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        "Text of `ids`; bytes that do not form whole UTF-8 characters become U+FFFD."
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
+        """Text of `ids`; bytes that do not form whole UTF-8 characters become U+FFFD. Kept special tokens are spaced
+        as the tokenizer's decoder spaces them (vLLM's fast path), or with `spaces_between_special_tokens=False`
+        joined to their neighbours with no space (vLLM's `"".join` of the runs between them)."""
+        ids = list(ids)
+        if skip_special_tokens or spaces_between_special_tokens: return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        special = self._special_ids
+        parts, run = [], []
+        for t in ids:
+            if t not in special: run.append(t); continue
+            if run: parts.append(self.tok.decode(run, skip_special_tokens=False)); run = []
+            parts.append(special[t])
+        if run: parts.append(self.tok.decode(run, skip_special_tokens=False))
+        return "".join(parts)
+
+    @cached_property
+    def _special_ids(self) -> dict[int, str]:
+        "The text of every special token, by id."
+        return {i: t.content for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
     @cached_property
     def _template(self) -> jinja2.Template:
@@ -165,14 +181,14 @@ REPLACEMENT = "\ufffd"                      # U+FFFD: what a lossy UTF-8 decode 
 
 class IncrementalDetokenizer:
     "Turns a growing list of generated ids into text pieces, never emitting a broken multi-byte character."
-    def __init__(self, tok: Tokenizer, skip_special_tokens: bool = True):
-        self.tok, self.skip_special_tokens = tok, skip_special_tokens
+    def __init__(self, tok: Tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True):
+        self.tok, self.skip_special_tokens, self.spaces = tok, skip_special_tokens, spaces_between_special_tokens
         self.ids: list[int] = []
         self.prefix = self.read = 0             # ids[prefix:read] decode to text already emitted
         self.text = ""                          # everything emitted so far
 
     def _decode(self, end: int | None = None) -> str:
-        return self.tok.decode(self.ids[self.prefix:end], skip_special_tokens=self.skip_special_tokens)
+        return self.tok.decode(self.ids[self.prefix:end], self.skip_special_tokens, self.spaces)
 
     def _emit(self, piece: str) -> str:
         self.text += piece

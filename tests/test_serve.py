@@ -186,7 +186,8 @@ BAD = [  # (name, path, body or raw bytes, status, field/message fragment)
     ("logprobs too many", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
     ("unsupported field", "/v1/completions", {"prompt": "x", "tools": []}, 400, "tools"),
     ("best_of beyond n", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, "best_of"),
-    ("skip_special_tokens off", "/v1/completions", {"prompt": "x", "skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ("beam search", "/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
+    ("skip_special_tokens wrong type", "/v1/completions", {"prompt": "x", "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
     ("prompt_logprobs too many", "/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("prompt_logprobs on a stream", "/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
     ("prompt_logprobs wrong type", "/v1/completions", {"prompt": "x", "prompt_logprobs": "2"}, 400, "prompt_logprobs"),
@@ -401,3 +402,38 @@ def test_prompt_logprobs_skip_the_prefix_cache(server, tiny_model):
         assert row[str(t)]["rank"] == int((ref[j - 1] > ref[j - 1, t]).sum()) + 1
         top = sorted((v for k, v in row.items() if v["rank"] <= 2), key=lambda v: v["rank"])
         assert [v["logprob"] for v in top][:2] == pytest.approx(ref[j - 1].topk(2).values.tolist(), abs=1e-4)
+
+
+def test_output_options_through_extra_body(client, offline):
+    """vLLM's `skip_special_tokens`, `spaces_between_special_tokens` and `include_stop_str_in_output` through the
+    `openai` client's `extra_body`, on completions and chat, streamed and not: the text `LLM.generate` gives."""
+    eos = offline.tokenizer.eos_token_id
+    special = dict(ignore_eos=True, logit_bias={str(eos): 8.0}, skip_special_tokens=False, spaces_between_special_tokens=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=10, **(special | {"logit_bias": {eos: 8.0}}))
+    kept = offline.generate(["Simple is"], sp, use_tqdm=False)[0].outputs[0].text
+    assert offline.tokenizer.eos_token in kept
+    kw = dict(model="tiny", prompt="Simple is", max_tokens=10, temperature=0)
+    assert client.completions.create(**kw, extra_body=special).choices[0].text == kept
+    assert "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True, extra_body=special)) == kept
+    plain = client.completions.create(**kw, extra_body=special | {"skip_special_tokens": True}).choices[0].text
+    assert plain == kept.replace(offline.tokenizer.eos_token, "")
+    base = client.completions.create(**(kw | {"max_tokens": 40})).choices[0].text
+    stop = base[10:13]
+    for cut, extra in ((base[: base.index(stop)], {}), (base[: base.index(stop) + 3], {"include_stop_str_in_output": True})):
+        out = client.completions.create(**(kw | {"max_tokens": 40}), stop=[stop], extra_body=extra)
+        assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+        streamed = client.completions.create(**(kw | {"max_tokens": 40}), stop=[stop], stream=True, extra_body=extra)
+        assert "".join(c.choices[0].text for c in streamed) == cut
+    msgs = [{"role": "user", "content": "hi"}]
+    ckw = dict(model="tiny", messages=msgs, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**ckw, extra_body={"ignore_eos": True}).choices[0].message.content
+    stop = full[4:7]
+    for cut, extra in ((full[: full.index(stop)], {}), (full[: full.index(stop) + 3], {"include_stop_str_in_output": True})):
+        got = client.chat.completions.create(**ckw, stop=[stop], extra_body={"ignore_eos": True} | extra)
+        assert got.choices[0].message.content == cut
+        chunks = client.chat.completions.create(**ckw, stop=[stop], stream=True, extra_body={"ignore_eos": True} | extra)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut
+    chat_kept = client.chat.completions.create(**ckw, extra_body=special).choices[0].message.content
+    assert offline.tokenizer.eos_token in chat_kept
+    chunks = client.chat.completions.create(**ckw, stream=True, extra_body=special)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat_kept

@@ -32,7 +32,7 @@ from ..model.transformer import Transformer
 from ..sample.sampling import SamplingParams, stream_key
 from ..request import Request
 from ..runtime.runner import ModelRunner, RunnerOutput, SimulatedAcceptance, as_decided
-from .outputs import CompletionOutput, EngineBroken, RequestDelta, RequestOutput, StopMatcher, is_fatal, step_fault
+from .outputs import CompletionOutput, EngineBroken, RequestDelta, RequestOutput, StopMatcher, is_fatal, push_until_stop, step_fault
 from .scheduler import KVCacheManager, Scheduler, SchedulerConfig
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -91,8 +91,7 @@ class _Track:
     text: str = ""
     sent: int = 0
     logprobs: list = field(default_factory=list)
-    stop: frozenset = frozenset()        # token ids that end it: its stop_token_ids, and eos unless ignored (built once,
-                                         # not twice a step)
+    stop: frozenset = frozenset()        # token ids that end it: its stop_token_ids, and eos unless ignored (built once)
     lazy: bool = False                   # its text is wanted only once it finishes: ids are decoded then, not every step
 
 class EngineCore:
@@ -111,15 +110,13 @@ class EngineCore:
                  load_format: str = "auto", hf_overrides: str | dict | None = None, simulate_acceptance: float | None = None):
         if speculative == "none": speculative = None
         if hf_overrides and load_format != "dummy":      # a checkpoint's tensors have the shapes of its own config.json
-            raise ValueError("--hf-overrides reshapes the model: it needs weights built from the config "
-                             "(--load-format dummy) or --dry-run; a checkpoint's tensors have its own config's shapes")
+            raise ValueError("--hf-overrides reshapes the model: it needs weights built from the config (--load-format dummy) or --dry-run; a checkpoint's tensors have its own config's shapes")
         capacity = CapacityConfig.of(capacity)                  # policy name or config: checked before any work
         if capacity is not None and speculative != "dspark":
             raise ValueError(f"capacity control needs the DSpark confidence head (speculative='dspark'), got speculative={speculative!r}")
         if speculative not in (None, "dspark", "mtp"):
             raise ValueError(f"speculative must be None, 'none', 'mtp' or 'dspark', got {speculative!r}")
-        if tensor_parallel_size != getattr(self, "world", 1):
-            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs dspark.LLM (it starts the ranks)")
+        if tensor_parallel_size != getattr(self, "world", 1): raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs dspark.LLM (it starts the ranks)")
         if quantization not in ("auto", "none"): raise ValueError(f"quantization must be 'auto' or 'none', got {quantization!r}")
         if load_format not in ("auto", "dummy"): raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
         self.quantization, self.load_format, self.seed, self.hf_overrides = quantization, load_format, seed, hf_overrides
@@ -304,9 +301,9 @@ class EngineCore:
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                     stream_text: bool = True) -> str:
         """Queue one request (validated first); it runs from the next `step`. Returns its id.
-        `stream_text=False`: the caller reads the text only when the request finishes (`generate` does), so its
-        ids are decoded once then instead of twice every step, and its deltas carry no text until the last one,
-        which carries all of it. A request with stop strings detokenises as it goes regardless: its text ends it."""
+        `stream_text=False`: the caller reads the text only at the end (`generate` does), so its ids are decoded once
+        then, not twice a step, and only its last delta carries text (all of it). A request with stop strings
+        detokenises as it goes regardless: its text ends it."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams): raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         text, ids = self.encode_prompt(prompt)
@@ -316,9 +313,10 @@ class EngineCore:
         self._count += 1
         params.check_vocab(self.model.cfg.vocab_size)
         req = Request(rid, ids, params, seed, stop_ids=frozenset(self._stop_ids(params)))
-        holdback = max((len(s) for s in params.stop or []), default=1) - 1
-        self._tracks[rid] = _Track(req, text, IncrementalDetokenizer(self.tokenizer), holdback=holdback,
-                                   stops=StopMatcher(params.stop) if params.stop else None,
+        keep = params.include_stop_str_in_output      # a kept stop string needs no holdback: its text is output anyway
+        hold = 0 if keep else max((len(s) for s in params.stop or []), default=1) - 1
+        detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.spaces_between_special_tokens)
+        self._tracks[rid] = _Track(req, text, detok, holdback=hold, stops=StopMatcher(params.stop, keep) if params.stop else None,
                                    stop=frozenset(self._stop_ids(params)), lazy=not (stream_text or params.stop))
         self.scheduler.add(req)
         return rid
@@ -414,13 +412,15 @@ class EngineCore:
     def _advance(self, t: _Track, new: list[int]) -> str | None:
         "Detokenise a request's new tokens and decide whether it is finished, and why."
         r, sp = t.req, t.req.params
-        if t.lazy: t.detok.extend(new)                        # decoded once, at the end (no stop strings to look for)
-        else: t.text += t.detok.push(new)
-        cut = t.stops.find(t.text, t.sent) if t.stops and len(r.output_ids) >= sp.min_tokens else None   # a stop string cuts the text before it (not before min_tokens, as vLLM)
+        by_token = bool(new) and new[-1] in t.stop            # a stop token's text is left out unless kept (as vLLM)
+        shown = new[:-1] if by_token and not sp.include_stop_str_in_output else new
+        cut = None
+        if t.lazy: t.detok.extend(shown)                      # decoded once, at the end (no stop strings to look for)
+        else: t.text, cut = push_until_stop(t.detok, t.text, shown, t.stops, len(r.output_ids) - len(new), sp.min_tokens)   # a stop string cuts the text before (or after) it
         if cut is not None:
             t.text = t.text[:cut]
             return "stop"
-        reason = ("stop" if new[-1] in t.stop else
+        reason = ("stop" if by_token else
                   "length" if len(r.output_ids) >= sp.max_tokens or r.num_tokens >= self.max_model_len else None)
         if reason: t.text += t.detok.flush()                  # text held back mid-character
         return reason

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['CompletionOutput', 'RequestOutput', 'RequestDelta', 'StopMatcher', 'EngineBroken', 'is_fatal', 'step_fault']
+__all__ = ['CompletionOutput', 'RequestOutput', 'RequestDelta', 'StopMatcher', 'push_until_stop', 'EngineBroken', 'is_fatal',
+           'step_fault']
 
 # %% ../../nbs/27a_outputs.ipynb #9708bee7
 @dataclass
@@ -51,23 +52,41 @@ class RequestDelta:
 
 # %% ../../nbs/27a_outputs.ipynb #c026f219
 class StopMatcher:
-    "A request's stop strings, indexed by length: where its text must be cut, at a cost that does not grow with their number."
-    def __init__(self, stops: list[str]):
+    """A request's stop strings, indexed by length: where its text must be cut, at a cost that does not grow with their
+    number — before the winning occurrence, or with `keep` (vLLM's `include_stop_str_in_output`) after it."""
+    def __init__(self, stops: list[str], keep: bool = False):
+        self.keep = keep
         self.rank: dict[str, int] = {}
         for i, s in enumerate(stops): self.rank.setdefault(s, i)        # a repeated string keeps its first place
+        self.stops = list(stops)
         self.lengths = sorted({len(s) for s in self.rank})
         self.longest = self.lengths[-1] if self.lengths else 0
 
     def find(self, text: str, sent: int) -> int | None:
-        """Where to cut `text` (the start of the winning occurrence), or None: occurrences that end at or after `sent`
-        are considered; the first-listed string wins, at its earliest start."""
+        """Where to cut `text` (the start of the winning occurrence, its end with `keep`), or None: occurrences that
+        end at or after `sent` are considered; the first-listed string wins, at its earliest start."""
         best = None                                                      # (rank, start)
         for end in range(max(sent, 1), len(text) + 1):
             for n in self.lengths:
                 if n > end: break
                 i = self.rank.get(text[end - n:end])
                 if i is not None and (best is None or i < best[0]): best = (i, end - n)
-        return None if best is None else best[1]
+        if best is None: return None
+        return best[1] + len(self.stops[best[0]]) if self.keep else best[1]
+
+def push_until_stop(detok, text: str, ids: list[int], stops: StopMatcher | None, done: int, min_tokens: int = 0) -> tuple[str, int | None]:
+    """`text` with `ids` detokenised onto it by `detok`, and where a stop string cuts it (None: nowhere); `done`: the
+    request's output tokens before `ids`. Token by token, as when a step commits one token: the first token whose
+    text completes a stop string ends the request (within that token's text the first-listed string wins, as in
+    vLLM), so where the text is cut never depends on how many tokens a step committed — speculation on or off. A
+    token before `min_tokens` completes none."""
+    if stops is None: return text + detok.push(ids), None
+    for i, tok in enumerate(ids):
+        start = len(text)
+        text += detok.push([tok])
+        if done + i + 1 >= min_tokens and len(text) > start and (cut := stops.find(text, start + 1)) is not None:
+            return text, cut
+    return text, None
 
 # %% ../../nbs/27a_outputs.ipynb #c5d1f0a2
 class EngineBroken(RuntimeError):

@@ -71,6 +71,9 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None
     response_format: dict | None = None       # OpenAI's json_object / json_schema, and vLLM's structured_outputs
     structured_outputs: dict | None = None    # (chapter 02b)
+    skip_special_tokens: bool = True          # vLLM's output options, implemented (chapters 01, 27a)
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -139,7 +142,6 @@ class DetokenizeRequest(_Strict):
 
 NEUTRAL = {    # fields OpenAI or vLLM define that would change the output and that we do not implement: their neutral values
     "suffix": None, "best_of": 1, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False,
-    "include_stop_str_in_output": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
     "allowed_token_ids": None, "bad_words": [], "truncate_prompt_tokens": None, "return_tokens_as_token_ids": False,
     "logits_processors": None, "prompt_embeds": None, "structured_outputs": None, "guided_json": None,
     "guided_regex": None, "guided_choice": None, "guided_grammar": None, "response_format": {"type": "text"},
@@ -273,7 +275,9 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, prompt_len: in
                             ignore_eos=req.ignore_eos, logprobs=logprobs, presence_penalty=req.presence_penalty,
                             frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
                             min_p=req.min_p, min_tokens=req.min_tokens, logit_bias=req.logit_bias,
-                            prompt_logprobs=prompt_logprobs, structured_outputs=spec)
+                            prompt_logprobs=prompt_logprobs, structured_outputs=spec, skip_special_tokens=req.skip_special_tokens,
+                            spaces_between_special_tokens=req.spaces_between_special_tokens,
+                            include_stop_str_in_output=req.include_stop_str_in_output)
         if vocab_size is not None: sp.check_vocab(vocab_size)
         return sp
     except ValueError as e:

@@ -50,6 +50,9 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: dict[int, float] | None = None
     structured_outputs: dict | None = None     # chapter 02b: vLLM's {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
+    skip_special_tokens: bool = True           # vLLM's output options: special tokens left out of the text (False: kept),
+    spaces_between_special_tokens: bool = True # the tokenizer's own spacing around kept special tokens (False: none),
+    include_stop_str_in_output: bool = False   # a matched stop string cut from the text (True: kept, text after it cut)
 
     def __post_init__(self):
         def bad(name, msg): raise ValueError(f"SamplingParams.{name}: {msg}, got {getattr(self, name)!r:.80}")
@@ -92,6 +95,8 @@ class SamplingParams:
                 if not is_num(v) or not -100 <= v <= 100: bad("logit_bias", f"bias of {k!r:.40} must be in [-100, 100]")
                 bias[t] = float(v)
             self.logit_bias = bias or None
+        for name in ("skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool): bad(name, "must be a boolean")
         if self.structured_outputs is not None:
             try: grammar_of(self.structured_outputs)
             except ValueError as e: bad("structured_outputs", str(e))
