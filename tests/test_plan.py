@@ -108,6 +108,19 @@ def test_cli_dry_run_prints_the_plan_and_overrides_cut_layers(models, capsys):
     assert '"speculative": "dspark"' in cut.stdout                         # its drafter still reads the last 3 layers
 
 
+def test_the_reference_cards_in_gib_give_0731_more_kv_tokens_than_the_seed(models, capsys):
+    """The reference deployment's cards hold 96 GiB (`--gpu-memory-gib`, not 96 GB): 0731 with DSpark at TP 2, 0.975,
+    524,288 plans more KV tokens than the 1,205,591 it reported. Both units at once is an error."""
+    args = ["--model", "deepseek-v4-flash-0731", "--speculative", "dspark", "--tensor-parallel-size", "2",
+            "--gpu-memory-utilization", "0.975", "--max-model-len", "524288", "--dry-run", "--device", "cpu"]
+    assert main(args + ["--gpu-memory-gib", "96"]) == 0
+    out = capsys.readouterr().out
+    tokens = int(re.search(r"memory per rank: .* = ([\d,]+) tokens", out).group(1).replace(",", ""))
+    cfg = models["deepseek-v4-flash-0731"][0]
+    assert tokens == plan_memory(cfg, 2, 96 * 2**30, drafter="dspark", num_speculative_tokens=5, **SERVE).kv_tokens > 1_205_591
+    with pytest.raises(SystemExit, match="not both"): main(args + ["--gpu-memory-gib", "96", "--gpu-memory-gb", "96"])
+
+
 def test_overrides_cut_consistently_and_bad_ones_fail(capsys):
     c = load_config(resolve_model("deepseek-v4-flash-0731"), {"num_hidden_layers": 12})
     assert c.compress_ratios == [0, 0] + [4, 128] * 5 + [0, 0, 0] and c.dspark_target_layer_ids == [9, 10, 11]

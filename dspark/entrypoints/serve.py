@@ -328,7 +328,8 @@ class ServerArgs(ArgGroup):
     spec_log_interval: float = arg(10.0, "seconds between spec-decode summary log lines")
     log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
     dry_run: bool = arg(False, "print the resolved configuration and memory plan, then exit")
-    gpu_memory_gb: float | None = arg(None, "memory of one GPU in GB for the --dry-run plan (default: this machine's GPU, else 141)")
+    gpu_memory_gb: float | None = arg(None, "memory of one GPU in GB (10^9 bytes) for the --dry-run plan (default: this machine's GPU, else 141)")
+    gpu_memory_gib: float | None = arg(None, "the same in GiB (2^30 bytes): cards sold as '96 GB' (RTX PRO 6000) hold about 96 GiB", minimum=1)
 
 @dataclass
 class ServeArgs(EngineArgs, ServerArgs, TransportArgs, ChatArgs):
@@ -391,7 +392,9 @@ def resolve(a: ServeArgs) -> tuple[dict, list[str]]:
             cc = plan_cache(cfg, budget, block, a.max_num_seqs, a.max_num_batched_tokens, K, kv_dtype, fp8)
             plan.append(profile_line(cfg, cc, max_len))
         except ValueError as e: plan.append(f"KV cache on {a.device}: {e}")   # the GPU plan below still holds
-    gpu = (a.gpu_memory_gb * GB if a.gpu_memory_gb else torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 141 * GB)
+    if a.gpu_memory_gb and a.gpu_memory_gib: raise SystemExit("error: give --gpu-memory-gb or --gpu-memory-gib, not both")
+    gpu = (a.gpu_memory_gb * GB if a.gpu_memory_gb else a.gpu_memory_gib * 2**30 if a.gpu_memory_gib
+           else torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 141 * GB)
     try: mp = plan_memory(cfg, a.tensor_parallel_size, int(gpu), a.gpu_memory_utilization, max_len, a.max_num_seqs,
                           a.max_num_batched_tokens, a.kv_cache_dtype, torch.bfloat16 if a.device == "cpu" else dtype,
                           None if mode == "none" else mode, K, block, not a.enforce_eager)
