@@ -305,4 +305,4 @@ def hc_post_head_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, c
                TAP=tap, num_warps=num_warps)
     return h.view(*lead, D), (t.view(*lead, D) if tap else None)
 
-register_post(hc_post_fused, hc_post_fused_into, hc_post_head_fused)
+register_post(hc_post_fused, hc_post_fused_into, hc_post_head_fused, hc_head_fused)

@@ -38,13 +38,14 @@ def hc_post_head(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: t
     new = hc_post(out, x, post, comb)
     return hc_head(new, fn, base, scale, cfg), (new.mean(-2, dtype=torch.float32) if tap else None)
 
-VARIANTS: dict[Callable, tuple[Callable, Callable]] = {}
+VARIANTS: dict[Callable, tuple[Callable, Callable, Callable]] = {}
 
-def register_post(post_fn: Callable, into: Callable, post_head: Callable) -> None:
-    "Declare `post_fn`'s written-into (`into(out, x, post, comb, dst)`) and fused-final (`hc_post_head`'s signature) variants."
-    VARIANTS[post_fn] = (into, post_head)
+def register_post(post_fn: Callable, into: Callable, post_head: Callable, head: Callable) -> None:
+    """Declare `post_fn`'s written-into variant (`into(out, x, post, comb, dst)`) and its fused final with `head`
+    (`hc_post_head`'s signature): `head(post_fn(...))` in one call."""
+    VARIANTS[post_fn] = (into, post_head, head)
 
-register_post(hc_post, hc_post_into, hc_post_head)
+register_post(hc_post, hc_post_into, hc_post_head, hc_head)
 
 # %% ../../nbs/04a_mhc.ipynb #96b269f4
 @dataclass(frozen=True)
@@ -55,12 +56,15 @@ class StreamOps:
     inplace: bool = False
     pingpong: bool = False
 
-def stream_ops(post_fn: Callable, finals: bool = False) -> StreamOps:
-    "The reductions in force for a step whose post function is `post_fn` (none without registered variants or with autograd on)."
+def stream_ops(post_fn: Callable, head: Callable | None = None, finals: bool = False) -> StreamOps:
+    """The reductions in force for a step whose post and head functions are `post_fn` and `head`: none without
+    registered variants or with autograd on; no fused final without `head`, with another head than the one registered,
+    or when the caller needs the last streams (`finals`)."""
     v = VARIANTS.get(post_fn)
     if v is None or torch.is_grad_enabled(): return StreamOps()
     inplace, pingpong = INPLACE_POST, PINGPONG and not INPLACE_POST
-    return StreamOps(v[0] if inplace or pingpong else None, v[1] if FUSE_FINAL and not finals else None, inplace, pingpong)
+    fuse = FUSE_FINAL and not finals and head is not None and head is v[2]
+    return StreamOps(v[0] if inplace or pingpong else None, v[1] if fuse else None, inplace, pingpong)
 
 def expand(ops: StreamOps, post_fn: Callable, out, x, post, comb, spare):
     """One `hc_post` under `ops`: `(new streams, spare buffer for the next call)`. In place: the new streams are `x`;
