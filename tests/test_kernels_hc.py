@@ -19,7 +19,8 @@ pytest.importorskip("triton")
 
 from dspark.model import layers
 from dspark.config import preset
-from dspark.kernels.hc import SPLIT_MIX_ROWS, aten_launches, hc_head_fused, hc_post_fused, hc_pre_fused
+from dspark.kernels.hc import (SPLIT_MIX_ROWS, aten_launches, hc_head_fused, hc_post_fused, hc_post_head_fused,
+                               hc_pre_fused)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CFG = preset("tiny")
@@ -148,3 +149,39 @@ def test_three_streams():
     got += (hc_post_fused(out, x, got[1], got[2]), hc_head_fused(x, fn[:hc], base[:hc], scale[:1], cfg))
     want += (layers.hc_post(out, x, want[1], want[2]), layers.hc_head(x, fn[:hc], base[:hc], scale[:1], cfg))
     for a, b in zip(got, want): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hc,D,dtype,block_d", [(4, 100, torch.float32, 32), (4, 64, torch.bfloat16, None),
+                                                (3, 40, torch.float32, 16)])
+def test_in_place_and_fused_final(hc, D, dtype, block_d):
+    # dst=x: the same bits as a fresh buffer (every program loads its columns of all streams before storing them);
+    # the fused final: hc_head_fused of the expansion (fp32 rounding of the mixes) and the fp32 hc-mean of a tap
+    g = torch.Generator().manual_seed(6)
+    cfg = dataclasses.replace(CFG, hc_mult=hc)
+    rows = (2 + hc) * hc
+    fn = (torch.randn(rows, hc * D, generator=g) / (hc * D) ** 0.5).to(DEV)
+    base, scale = (0.5 * torch.randn(rows, generator=g)).to(DEV), torch.tensor([0.7, 1.3, 1.0], device=DEV)
+    x = torch.randn(2, 3, hc, D, generator=g).to(DEV, dtype)
+    out = torch.randn(2, 3, D, generator=g).to(DEV, dtype)
+    _, post, comb = hc_pre_fused(x, fn, base, scale, cfg)
+    want = hc_post_fused(out, x, post, comb, block_d=block_d)
+    xi = x.clone()
+    assert hc_post_fused(out, xi, post, comb, block_d=block_d, dst=xi).data_ptr() == xi.data_ptr()
+    assert torch.equal(xi, want)
+    other = torch.empty_like(x)
+    assert torch.equal(hc_post_fused(out, x, post, comb, dst=other), want) and torch.equal(other, want)
+    h, tap = hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg, tap=True, block_d=block_d)
+    assert h.shape == (2, 3, D) and h.dtype == dtype and tap.shape == (2, 3, D) and tap.dtype == torch.float32
+    rtol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(h, hc_head_fused(want, fn[:hc], base[:hc], scale[:1], cfg), rtol=rtol, atol=1e-5)
+    torch.testing.assert_close(tap, want.mean(-2, dtype=torch.float32), rtol=1e-6, atol=1e-6)
+    assert hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg)[1] is None
+    assert aten_launches(hc_post_head_fused, out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg) == Counter(
+        {"triton:_hc_post_head_kernel": 1})
+    with pytest.raises(ValueError, match="dst must be contiguous"):
+        hc_post_fused(out, x, post, comb, dst=torch.empty(2, 3, hc, D + 1, device=DEV, dtype=dtype))
+    with pytest.raises(ValueError, match="fn must have shape"):
+        hc_post_head_fused(out, x, post, comb, fn, base[:hc], scale[:1], cfg)
+    with layers.batch_invariant():
+        with pytest.raises(RuntimeError, match="batch invariant"):
+            hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg)

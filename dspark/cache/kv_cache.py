@@ -16,6 +16,7 @@ import torch
 from ..model.attention import Attention, compressed_visible, sink_attention, window_mask
 from ..config import CSA, SLIDING, ModelConfig
 from ..model.layers import hc_head, hc_post, hc_pre, rope_cos_sin
+from ..model.mhc import expand, stream_ops
 from ..model.transformer import Transformer
 from ..model.quant import dequantize_index_rows, dequantize_kv_rows, index_row_layout, quantize_index_rows
 from ..model.quant import fake_quant_index, fake_quant_kv, kv_row_layout, quantize_kv_rows
@@ -285,21 +286,34 @@ def attend_cached(attn, layer_id: int, x: torch.Tensor, seq: SeqView, cache: Pag
 
 # %% ../../nbs/11_kv_cache.ipynb #2cb41e09
 def run_layers(model: Transformer, ids: torch.Tensor, attend: Callable, taps: tuple[int, ...] = (),
-               mhc: tuple[Callable, Callable] = (hc_pre, hc_post)) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+               mhc: tuple[Callable, ...] = (hc_pre, hc_post), head: Callable | None = None, finals: bool = True,
+               ) -> tuple[torch.Tensor | None, dict[int, torch.Tensor], torch.Tensor | None]:
     """The decoder stack over one step's tokens `ids [1, N]`: returns the residual streams after the last
-    layer `[1, N, hc, D]` and `{layer: hc-mean output [N, D]}` for `taps`. `attend(blk, y [1, N, D])` is the
+    layer `[1, N, hc, D]`, `{layer: hc-mean output [N, D]}` for `taps`, and, given `head` (the `hc_head` function),
+    the collapsed last streams `h [1, N, D]` (else None). `attend(blk, y [1, N, D])` is the
     attention of layer `blk` over the step (whatever reads and extends the cache); `mhc` the (pre, post)
-    hyper-connection functions, so a fused GPU pair can stand in for the reference."""
+    hyper-connection functions, so a fused GPU pair can stand in for the reference.
+    The stream buffers follow `model.mhc`'s switches (`stream_ops`): each expansion writes over its dead input
+    (`INPLACE_POST`) or into the previous one's (`PINGPONG`); with `head` and `finals=False` (the caller does not
+    need the last streams), `FUSE_FINAL` makes the last expansion feed the head, and a tap of the last layer, directly:
+    the streams then come back as None."""
     pre, post_fn, cfg = mhc[0], mhc[1], model.cfg
+    ops = stream_ops(post_fn, head, finals)
     x = model.embed(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
-    tapped = {}
-    for blk in model.layers:
+    tapped, spare, last = {}, None, len(model.layers) - 1
+    hc_head_params = (model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg)
+    for n, blk in enumerate(model.layers):
         y, post, comb = pre(x, *blk.site("attn"), cfg)
-        x = post_fn(attend(blk, blk.attn_norm(y)), x, post, comb)
+        x, spare = expand(ops, post_fn, attend(blk, blk.attn_norm(y)), x, post, comb, spare)
         y, post, comb = pre(x, *blk.site("ffn"), cfg)
-        x = post_fn(blk.ffn(blk.ffn_norm(y), ids), x, post, comb)
+        out = blk.ffn(blk.ffn_norm(y), ids)
+        if n == last and ops.post_head is not None:      # the last streams are never written
+            h, tap = ops.post_head(out, x, post, comb, *hc_head_params, tap=blk.layer_id in taps)
+            if tap is not None: tapped[blk.layer_id] = tap[0]
+            return None, tapped, h
+        x, spare = expand(ops, post_fn, out, x, post, comb, spare)
         if blk.layer_id in taps: tapped[blk.layer_id] = x[0].mean(dim=1, dtype=torch.float32)   # one launch: no fp32 copy
-    return x, tapped
+    return x, tapped, (head(x, *hc_head_params) if head is not None else None)
 
 @torch.no_grad()
 def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView],
@@ -321,10 +335,10 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
         return torch.cat([attend_cached(blk.attn, blk.layer_id, y[:, a:e], sq, cache)
                           for a, e, sq in zip(bounds, bounds[1:], seqs)], dim=1)
     step = (lambda blk, y: attend(blk.attn, blk.layer_id, y[0])[None]) if attend else per_request
-    x, tapped = run_layers(model, ids, step, taps, mhc[:2])
+    x, tapped, h = run_layers(model, ids, step, taps, mhc[:2], mhc[2], finals is not None)
     if taps and features is not None:
         f = torch.cat([tapped[l] for l in taps], dim=-1)
         features.extend(f[a:e] for a, e in zip(bounds, bounds[1:]))
     if finals is not None: finals.extend(x[0, a:e] for a, e in zip(bounds, bounds[1:]))
-    logits = model.head_logits(mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg))[0]
+    logits = model.head_logits(h)[0]
     return [logits[a:e] for a, e in zip(bounds, bounds[1:])]

@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..cache.kv_cache import cache_format, kv_bytes_per_token, plan_cache
+from ..cache.kv_cache import CacheConfig, cache_format, kv_bytes_per_token, plan_cache
 from ..config import ModelConfig
 from ..engine.core import RAGGED_GRAPH_TOKENS, default_block_size
 from ..model.checkpoint import KEEP_FP32, draft_shapes
+from ..model.mhc import REDUCTIONS, peak_bytes_saved, switches
 from ..model.reader import scale_shape
 from ..model.weights import quantized_as
 from ..model.transformer import Block, Transformer
@@ -102,6 +103,8 @@ class MemoryPlan:
     kv_tokens: int
     bytes_per_token: float
     max_model_len: int
+    mhc_saved: int = 0        # working memory the mHC buffer reductions take off the estimate (activations + pool)
+    mhc_kv_tokens: int = 0    # the KV tokens that buys
 
     @property
     def working(self) -> int: return self.activations + self.graph_pool
@@ -113,24 +116,33 @@ class MemoryPlan:
 def plan_memory(cfg: ModelConfig, tp: int = 1, gpu_memory: int = 141 * GB, utilization: float = 0.9,
                 max_model_len: int | None = None, max_num_seqs: int = 16, max_num_batched_tokens: int = 2048,
                 kv_cache_dtype: str = "auto", dtype: torch.dtype = torch.bfloat16, drafter: str | None = None,
-                num_speculative_tokens: int = 0, block_size: int | None = None, cuda_graphs: bool = True) -> MemoryPlan:
+                num_speculative_tokens: int = 0, block_size: int | None = None, cuda_graphs: bool = True,
+                mhc_reductions: bool | None = None) -> MemoryPlan:
     """The memory plan of one GPU of `tp`: resident weights in their stored formats, estimated working memory, and
     the KV cache that `gpu_memory x utilization` leaves, split by the engine's own `plan_cache`. Every rank holds
-    the whole KV cache (one K=V head: nothing to split)."""
+    the whole KV cache (one K=V head: nothing to split). `mhc_reductions`: price the working memory with the mHC
+    stream-buffer reductions on or off (`None`: as `dspark.model.mhc`'s switches say); `mhc_kv_tokens` is what they buy."""
     max_len = max_model_len or cfg.max_position_embeddings
     K, block = num_speculative_tokens, block_size or default_block_size(cfg)
     graph_tokens = max(max_num_seqs * (K + 1), min(RAGGED_GRAPH_TOKENS, max_num_batched_tokens)) if cuda_graphs and tp == 1 else 0
     act, pool = working_estimate(cfg, max_num_batched_tokens, graph_tokens, tp, torch.empty((), dtype=dtype).element_size(),
                                  max_len, max_num_seqs * (K + 1))
+    on = switches() if mhc_reductions is None else dict.fromkeys(REDUCTIONS, bool(mhc_reductions))
+    saved = [peak_bytes_saved(cfg, n, torch.empty((), dtype=dtype).element_size(), on) for n in (max_num_batched_tokens, graph_tokens)]
+    act, pool = act - saved[0], pool - (2 * saved[1] if graph_tokens else 0)   # the pool holds two steps' worth
+    mhc_saved = saved[0] + (2 * saved[1] if graph_tokens else 0)
     weights = weight_bytes(cfg, tp, 0, drafter)
     budget = int(utilization * gpu_memory) - weights - act - pool - CUDA_CONTEXT
     kv_dtype, fp8 = cache_format(kv_cache_dtype, dtype)
-    try: cc = plan_cache(cfg, budget, block, max_num_seqs, max_num_batched_tokens, K, kv_dtype, fp8)
-    except ValueError: cc = None                                 # nothing left for the cache: 0 tokens
-    tokens = cc.num_blocks * cc.block_size if cc else 0
+    def kv_tokens(b: int) -> tuple[CacheConfig | None, int]:
+        try: cc = plan_cache(cfg, b, block, max_num_seqs, max_num_batched_tokens, K, kv_dtype, fp8)
+        except ValueError: return None, 0                        # nothing left for the cache: 0 tokens
+        return cc, cc.num_blocks * cc.block_size
+    cc, tokens = kv_tokens(budget)
     return MemoryPlan(tp, gpu_memory, utilization, weights, act, pool, CUDA_CONTEXT, max(0, budget),
                       cache_bytes(cfg, cc) if cc else 0, tokens,
-                      kv_bytes_per_token(cfg, torch.empty((), dtype=kv_dtype).element_size(), fp8=fp8), max_len)
+                      kv_bytes_per_token(cfg, torch.empty((), dtype=kv_dtype).element_size(), fp8=fp8), max_len,
+                      mhc_saved, tokens - kv_tokens(budget - mhc_saved)[1] if mhc_saved else 0)
 
 def plan_lines(p: MemoryPlan) -> list[str]:
     "The plan as the lines `--dry-run` prints."
@@ -140,4 +152,6 @@ def plan_lines(p: MemoryPlan) -> list[str]:
             f"working memory (estimate): activations {g(p.activations)}, CUDA graph pool {g(p.graph_pool)}, outside torch {g(p.other)}",
             f"KV cache: {g(p.kv_budget)} budget, {p.bytes_per_token:.0f} B/token -> {p.kv_tokens:,} tokens, "
             f"max concurrency {p.max_concurrency:.2f}x at max_model_len={p.max_model_len:,}",
+            *([f"mHC stream buffers (dspark.model.mhc, in place): working memory -{p.mhc_saved / 2**20:.0f} MiB -> "
+               f"+{p.mhc_kv_tokens:,} KV tokens"] if p.mhc_saved else []),
             p.line()]

@@ -21,9 +21,11 @@ import triton.language as tl
 
 from ..config import ModelConfig
 from ..model.layers import is_batch_invariant
+from ..model.mhc import register_post
 
 # %% auto #0
-__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused']
+__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused', 'hc_post_fused_into',
+           'hc_post_head_fused']
 
 # %% ../../nbs/14_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
@@ -212,19 +214,95 @@ def _hc_post_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, new_ptr, D,
              mask=col[:, None] & dm[None, :])
 
 def hc_post_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-                  block_d: int | None = None, num_warps: int = 4) -> torch.Tensor:
+                  block_d: int | None = None, num_warps: int = 4, dst: torch.Tensor | None = None) -> torch.Tensor:
     """`layers.hc_post` as one Triton launch: stream j becomes `post_j · out + Σ_i comb[i, j] · x_i` (fp32 math),
     returned in x.dtype. `block_d` (a power of two) is the tile over D, by default up to 256; it and `num_warps`
-    are tuning knobs that do not change the result."""
+    are tuning knobs that do not change the result. `dst`: write the new streams there (contiguous, x's shape and
+    dtype), which may be `x` itself: a program loads every stream of its token's `block_d` columns before it stores
+    them, and no two programs share columns, so the result is the same as into a fresh buffer (`model.mhc`'s
+    `INPLACE_POST`)."""
     _fast_path_only("hc_post_fused")
     if x.dim() < 2: raise ValueError(f"hc_post_fused: x must have shape [..., hc, D], got {tuple(x.shape)}")
     (hc, D), lead = x.shape[-2:], x.shape[:-2]
     _check("hc_post_fused", x, hc, out=(out, (*lead, D)), post=(post, (*lead, hc)), comb=(comb, (*lead, hc, hc)))
     xs, bd = x.reshape(-1, hc, D).contiguous(), _block(D, 256, block_d)
     N = xs.shape[0]
-    new = torch.empty(N, hc, D, dtype=x.dtype, device=x.device)
+    if dst is not None and (dst.shape != x.shape or dst.dtype != x.dtype or not dst.is_contiguous()
+                            or (dst.data_ptr() == x.data_ptr() and not x.is_contiguous())):
+        raise ValueError(f"hc_post_fused: dst must be contiguous, {tuple(x.shape)} {x.dtype} (and x contiguous if dst is x)")
+    new = torch.empty(N, hc, D, dtype=x.dtype, device=x.device) if dst is None else dst.view(N, hc, D)
     if N:
         launch(_hc_post_kernel, (N, triton.cdiv(D, bd)), out.reshape(N, D).contiguous(), xs,
                post.reshape(N, hc).contiguous(), comb.reshape(N, hc, hc).contiguous(), new, D,
                HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, num_warps=num_warps)
     return new.view(x.shape)
+
+def hc_post_fused_into(out, x, post, comb, dst):
+    "`hc_post_fused` written into `dst` (`model.mhc.register_post`'s `into` signature)."
+    return hc_post_fused(out, x, post, comb, dst=dst)
+
+# %% ../../nbs/14_kernels_hc.ipynb #dd808f08
+@triton.jit
+def _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC: tl.constexpr, HC_P: tl.constexpr,
+                  BLOCK_D: tl.constexpr, OUT_T: tl.constexpr):
+    "Token t's new streams at columns d, as `_hc_post_kernel` computes them, rounded to the streams' dtype (fp32 tile)."
+    acc = tl.zeros([HC_P, BLOCK_D], tl.float32)
+    for i in tl.static_range(HC):
+        c_i = tl.load(comb_ptr + t * HC * HC + i * HC + j, mask=col, other=0.0).to(tl.float32)
+        x_i = tl.load(x_ptr + (t * HC + i) * D + d, mask=dm, other=0.0).to(tl.float32)
+        acc += c_i[:, None] * x_i[None, :]
+    o = tl.load(out_ptr + t * D + d, mask=dm, other=0.0).to(tl.float32)
+    new = (post[:, None] * o[None, :] + acc).to(OUT_T).to(tl.float32)
+    return tl.where(col[:, None] & dm[None, :], new, 0.0)
+
+@triton.jit
+def _hc_post_head_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, fn_ptr, base_ptr, scale_ptr, h_ptr, tap_ptr,
+                         D, norm_eps, hc_eps, HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                         TAP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, HC_P)
+    col = j < HC
+    post = tl.load(post_ptr + t * HC + j, mask=col, other=0.0).to(tl.float32)
+    mix = tl.zeros([HC_P], tl.float32)
+    sq = tl.zeros([HC_P, BLOCK_D], tl.float32)
+    for d0 in range(0, D, BLOCK_D):                                  # 1. mixes, sum of squares, tap mean
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        new = _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC, HC_P, BLOCK_D, h_ptr.dtype.element_ty)
+        sq += new * new
+        for m in tl.static_range(HC):                                # head row m against the flattened streams
+            w = tl.load(fn_ptr + m * HC * D + j[:, None] * D + d[None, :], mask=col[:, None] & dm[None, :], other=0.0)
+            mix = tl.where(j == m, mix + tl.sum(tl.sum(w.to(tl.float32) * new, 1), 0), mix)
+        if TAP: tl.store(tap_ptr + t * D + d, tl.sum(new, 0) / HC, mask=dm)
+    rs = tl.rsqrt(tl.sum(tl.sum(sq, 1), 0) / (HC * D) + norm_eps)
+    pre = mix * rs * tl.load(scale_ptr).to(tl.float32) + tl.load(base_ptr + j, mask=col, other=0.0).to(tl.float32)
+    pre = tl.where(col, tl.sigmoid(pre) + hc_eps, 0.0)
+    for d0 in range(0, D, BLOCK_D):                                  # 2. h = sum_j pre_j new_j
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        new = _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC, HC_P, BLOCK_D, h_ptr.dtype.element_ty)
+        tl.store(h_ptr + t * D + d, tl.sum(pre[:, None] * new, 0).to(h_ptr.dtype.element_ty), mask=dm)
+
+def hc_post_head_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                       base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig, tap: bool = False,
+                       block_d: int | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`hc_head_fused(hc_post_fused(out, x, post, comb), fn, base, scale, cfg)` in one launch that never writes the
+    new streams: `(h [..., D] in x.dtype, tap)`, `tap` the new streams' fp32 hc-mean `[..., D]` when asked for, else
+    None (`model.mhc.hc_post_head`'s signature). Fast path only."""
+    _fast_path_only("hc_post_head_fused")
+    if x.dim() < 2: raise ValueError(f"hc_post_head_fused: x must have shape [..., hc, D], got {tuple(x.shape)}")
+    (hc, D), lead = x.shape[-2:], x.shape[:-2]
+    _check("hc_post_head_fused", x, hc, out=(out, (*lead, D)), post=(post, (*lead, hc)), comb=(comb, (*lead, hc, hc)),
+           fn=(fn, (hc, hc * D)), base=(base, (hc,)), scale=(scale, (1,)))
+    xs, bd = x.reshape(-1, hc, D).contiguous(), _block(D, 256, block_d)
+    N = xs.shape[0]
+    h = torch.empty(N, D, dtype=x.dtype, device=x.device)
+    t = torch.empty(N, D, dtype=torch.float32, device=x.device) if tap else None
+    if N:
+        launch(_hc_post_head_kernel, (N,), out.reshape(N, D).contiguous(), xs, post.reshape(N, hc).contiguous(),
+               comb.reshape(N, hc, hc).contiguous(), fn.contiguous(), base.contiguous(), scale.contiguous(), h,
+               t if tap else h, D, cfg.rms_norm_eps, cfg.hc_eps, HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd,
+               TAP=tap, num_warps=num_warps)
+    return h.view(*lead, D), (t.view(*lead, D) if tap else None)
+
+register_post(hc_post_fused, hc_post_fused_into, hc_post_head_fused, hc_head_fused)

@@ -180,10 +180,10 @@ def forward_static(model, cache: PagedKVCache, buf: StepBuffers, n: int, taps: t
     buf.unpack(n)                                       # the step's rows, sent as one block, into their fields
     cfg, st = model.cfg, StepView.of(buf, n, ragged)
     attend = lambda blk, y: attend_static(blk.attn, blk.layer_id, y[0], st, cache)[None]
-    x, tapped = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2])
+    x, tapped, h = run_layers(model, buf.ids[:n][None], attend, taps, mhc[:2], mhc[2], finals)
     feats = torch.cat([tapped[l] for l in taps], dim=-1) if taps else None
     if context is not None: context(st.ring_slot, st.live, feats, st.pos, st.last if ragged else None)
-    h = mhc[2](x, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, cfg)[0]
+    h = h[0]
     if not fp32_logits: logits = model.head(model.norm(h))
     elif logits_out is None: logits = model.head_logits(h)
     else: logits = logits_out[:n].copy_(model.head(model.norm(h)))   # `head_logits` outside batch-invariant mode
