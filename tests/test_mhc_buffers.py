@@ -124,3 +124,15 @@ def test_bytes_saved_and_the_plan():
     assert off.activations - with_.activations == mhc.peak_bytes_saved(cfg, 8192, 2, on)
     assert with_.kv_tokens > off.kv_tokens and with_.mhc_kv_tokens == with_.kv_tokens - off.kv_tokens
     assert any("mHC" in line for line in plan_lines(with_))
+
+
+def test_a_device_whose_check_fails_keeps_the_plain_path():
+    "`unregister_post` withdraws a post function's variants (what `fast_path` does when `hc_variants_check` fails)."
+    from dspark.kernels.hc import hc_head_fused, hc_post_fused, hc_post_fused_into, hc_post_head_fused, hc_variants_check
+    from dspark.model import mhc
+    assert hc_variants_check("cpu", torch.float32) is None
+    with torch.no_grad():
+        assert mhc.stream_ops(hc_post_fused, hc_head_fused).post_head is hc_post_head_fused
+        mhc.unregister_post(hc_post_fused)
+        try: assert mhc.stream_ops(hc_post_fused, hc_head_fused) == mhc.StreamOps()
+        finally: mhc.register_post(hc_post_fused, hc_post_fused_into, hc_post_head_fused, hc_head_fused)

@@ -25,7 +25,7 @@ from ..model.mhc import register_post
 
 # %% auto #0
 __all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused', 'hc_post_fused_into',
-           'hc_post_head_fused']
+           'hc_post_head_fused', 'hc_variants_check']
 
 # %% ../../nbs/14_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
@@ -306,3 +306,34 @@ def hc_post_head_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, c
     return h.view(*lead, D), (t.view(*lead, D) if tap else None)
 
 register_post(hc_post_fused, hc_post_fused_into, hc_post_head_fused, hc_head_fused)
+
+# %% ../../nbs/14_kernels_hc.ipynb #ec0a731c
+@torch.no_grad()
+def hc_variants_check(device: str | torch.device, dtype: torch.dtype = torch.bfloat16, D: int = 320,
+                      seed: int = 0) -> str | None:
+    """`hc_post_fused` written in place and `hc_post_head_fused` on `device` in `dtype`, against `hc_post_fused` into a
+    fresh buffer (bit-equal) and `hc_head_fused` after it (within one rounding of `dtype`; the tap within fp32
+    rounding of the streams' mean). None when all agree, else what went wrong."""
+    from dspark.config import preset
+    cfg = preset("tiny")
+    hc, g = cfg.hc_mult, torch.Generator().manual_seed(seed)
+    try:
+        x = torch.randn(3, hc, D, generator=g).to(device, dtype)
+        out = torch.randn(3, D, generator=g).to(device, dtype)
+        post = torch.rand(3, hc, generator=g).to(device) * 2
+        comb = torch.softmax(torch.randn(3, hc, hc, generator=g), -1).to(device)
+        fn = (torch.randn(hc, hc * D, generator=g) / (hc * D) ** 0.5).to(device)
+        base, scale = (0.5 * torch.randn(hc, generator=g)).to(device), (torch.rand(1, generator=g) + 0.5).to(device)
+        want = hc_post_fused(out, x, post, comb)
+        if not torch.equal(hc_post_fused(out, x.clone(), post, comb, dst=(y := x.clone())), want) or not torch.equal(y, want):
+            return f"hc_post_fused in place differs from a fresh buffer in {dtype} on {device}"
+        h, tap = hc_post_head_fused(out, x, post, comb, fn, base, scale, cfg, tap=True)
+        ref = hc_head_fused(want, fn, base, scale, cfg).float()
+        tol = (1e-5 if dtype == torch.float32 else 2 ** -6) * ref.abs().max().item() + 1e-5
+        if not (h.float() - ref).abs().max().item() <= tol:
+            return f"hc_post_head_fused differs from hc_head_fused(hc_post_fused(...)) in {dtype} on {device}"
+        if not (tap - want.float().mean(-2)).abs().max().item() <= 1e-5 * want.float().abs().max().item() + 1e-6:
+            return f"hc_post_head_fused's tap differs from the streams' mean in {dtype} on {device}"
+    except Exception as e:                                      # a compiler or launch error on this device
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    return None

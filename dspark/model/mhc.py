@@ -17,7 +17,7 @@ from .layers import hc_head, hc_post
 
 # %% auto #0
 __all__ = ['FUSE_FINAL', 'INPLACE_POST', 'PINGPONG', 'VARIANTS', 'REDUCTIONS', 'hc_post_into', 'hc_post_head', 'register_post',
-           'StreamOps', 'stream_ops', 'expand', 'switches', 'stream_buffer_bytes', 'mhc_bytes_saved',
+           'unregister_post', 'StreamOps', 'stream_ops', 'expand', 'switches', 'stream_buffer_bytes', 'mhc_bytes_saved',
            'peak_bytes_saved']
 
 # %% ../../nbs/04a_mhc.ipynb #83a0dd8f
@@ -44,6 +44,10 @@ def register_post(post_fn: Callable, into: Callable, post_head: Callable, head: 
     """Declare `post_fn`'s written-into variant (`into(out, x, post, comb, dst)`) and its fused final with `head`
     (`hc_post_head`'s signature): `head(post_fn(...))` in one call."""
     VARIANTS[post_fn] = (into, post_head, head)
+
+def unregister_post(post_fn: Callable) -> None:
+    "Withdraw `post_fn`'s variants: its steps take the plain path (a device where the variants' check failed)."
+    VARIANTS.pop(post_fn, None)
 
 register_post(hc_post, hc_post_into, hc_post_head, hc_head)
 

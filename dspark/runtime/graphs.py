@@ -33,6 +33,7 @@ from ..timing import capture_graphs, device_ms
 from .buffers import HostStage, StepBuffers, fill_buffers
 from .static import StepOutputs, forward_static, x_linears
 from .memory import free_bytes
+from ..model.mhc import unregister_post
 from ..model.weights import FP8Linear
 
 log = logging.getLogger("dspark")
@@ -118,7 +119,9 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         for blk in getattr(model, "layers", []):
             attn = getattr(blk, "attn", None)
             if isinstance(attn, Attention): stack_linears(attn, x_linears(attn))
-    from dspark.kernels.hc import hc_head_fused, hc_post_fused, hc_pre_fused
+    from dspark.kernels.hc import hc_head_fused, hc_post_fused, hc_pre_fused, hc_variants_check
+    if (why := hc_variants_check(w.device, w.dtype)) is not None:   # chapter 4a's in-place and fused-final variants
+        unregister_post(hc_post_fused); log.warning("mHC buffer reductions off on this device: %s", why)
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
 # %% ../../nbs/22_cuda_graphs.ipynb #8167e152
