@@ -113,6 +113,18 @@ def test_chat_streaming_and_seeds(client):
     assert new.usage.completion_tokens == 7
 
 
+def test_add_generation_prompt_false_leaves_the_assistant_opening_off(client, offline):
+    """vLLM's `add_generation_prompt`: False renders the messages without the assistant's opening, so the prompt
+    is exactly `encode_chat(..., add_generation_prompt=False)` and the greedy reply is `LLM.generate`'s on it."""
+    msgs = [{"role": "user", "content": "Beautiful is better than"}]
+    kw = dict(model="tiny", messages=msgs, max_tokens=8, temperature=0)
+    on, off = client.chat.completions.create(**kw), client.chat.completions.create(**kw, extra_body={"add_generation_prompt": False})
+    ids = offline.tokenizer.encode_chat(msgs, add_generation_prompt=False)
+    assert off.usage.prompt_tokens == len(ids) < on.usage.prompt_tokens == len(offline.tokenizer.encode_chat(msgs))
+    want = offline.generate([ids], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+    assert off.choices[0].message.content == want
+
+
 def test_stop_sequences(client):
     kw = dict(model="tiny", prompt="Errors should never pass silently", max_tokens=40, temperature=0)
     text = client.completions.create(**kw).choices[0].text

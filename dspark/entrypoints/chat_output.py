@@ -289,6 +289,7 @@ def plan_chat(body, args: ChatArgs, v4: bool, template: str | None = None) -> Ch
         kw["reasoning_effort"] = body.reasoning_effort
     thinking = bool(kw.pop("enable_thinking", False) or kw.get("thinking")) and kw.get("reasoning_effort") != "none"
     kw["thinking"] = thinking
+    kw["add_generation_prompt"] = body.add_generation_prompt
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
     grammar = None

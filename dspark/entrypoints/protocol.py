@@ -127,8 +127,8 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict | None = None          # vLLM's: thinking, reasoning_effort (chapter 32d)
     reasoning_effort: str | None = None
-    NEUTRAL: ClassVar[dict] = {"add_special_tokens": False, "echo": False, "add_generation_prompt": True,
-                               "continue_final_message": False}
+    add_generation_prompt: bool = True                # vLLM's: False leaves the assistant's opening off the prompt
+    NEUTRAL: ClassVar[dict] = {"add_special_tokens": False, "echo": False, "continue_final_message": False}
 
 class TokenizeRequest(_Strict):
     model: str | None = None
