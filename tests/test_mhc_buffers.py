@@ -130,7 +130,7 @@ def test_a_device_whose_check_fails_keeps_the_plain_path():
     "`unregister_post` withdraws a post function's variants (what `fast_path` does when `hc_variants_check` fails)."
     from dspark.kernels.hc import hc_head_fused, hc_post_fused, hc_post_fused_into, hc_post_head_fused, hc_variants_check
     from dspark.model import mhc
-    assert hc_variants_check("cpu", torch.float32) is None
+    assert hc_variants_check(DEV, torch.float32) is None   # (on a GPU, the compiled kernels; else the interpreter)
     with torch.no_grad():
         assert mhc.stream_ops(hc_post_fused, hc_head_fused).post_head is hc_post_head_fused
         mhc.unregister_post(hc_post_fused)
