@@ -22,10 +22,12 @@ import triton.language as tl
 
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_dequant, act_quant, dequantize_fp4
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # bf16 tl.dot and inline PTX are out there
+
 # %% auto #0
-__all__ = ['FP4_UP_TILE', 'FP4_DOWN_TILE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_WIDE_PAIRS', 'FP4Stack',
-           'stack_fp4_experts', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'fp4_up', 'fp4_down', 'fp4_moe_small',
-           'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
+__all__ = ['FP4_GEMV', 'FP4_DECODE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_WIDE_PAIRS', 'FP4Stack',
+           'stack_fp4_experts', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'GemvTiles', 'fp4_up', 'fp4_down',
+           'fp4_moe_small', 'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
 @dataclass
@@ -152,81 +154,113 @@ def _e8m0(s_ptrs, mask):
     return tl.where(b == 0, 5.877471754111438e-39, (b << 23).to(tl.float32, bitcast=True))
 
 @triton.jit
-def _fp4_dot128(v_even, v_odd, w_rows, s_rows, rm, ROWS: tl.constexpr):
-    """`[ROWS]` fp32 dot products of FP4 rows with 128 activations given as their even and odd halves `[64]`:
-    `w_rows` point at each row's 64 bytes of this chunk, `s_rows` at its 4 scales. Per 32-input group, the codes'
-    products are summed first and then multiplied by the group's power-of-two scale (exact)."""
-    j = tl.arange(0, 64)
-    byte = tl.load(w_rows[:, None] + j[None, :], mask=rm[:, None], other=0).to(tl.int32) & 0xFF
-    prod = _e2m1(byte & 15) * v_even[None, :] + _e2m1(byte >> 4) * v_odd[None, :]
-    part = tl.sum(tl.reshape(prod, (ROWS, 4, 16)), 2)
-    return tl.sum(part * _e8m0(s_rows[:, None] + tl.arange(0, 4)[None, :], rm[:, None]), 1)
-
-@triton.jit
-def _act_quant128(a_ptr):
-    """One 128-wide group of activations at `a_ptr`, `act_quant`ed: the e4m3 values (fp32) of its even and odd
-    elements, and the group's power-of-two scale."""
-    j = tl.arange(0, 64)
-    ve = tl.load(a_ptr + 2 * j).to(tl.float32)
-    vo = tl.load(a_ptr + 2 * j + 1).to(tl.float32)
-    e = _act_scale_exp(tl.maximum(tl.max(tl.abs(ve), 0), tl.max(tl.abs(vo), 0)))
-    inv = _pow2(-e)
-    qe = _e4m3(tl.clamp(ve * inv, -448.0, 448.0))
-    qo = _e4m3(tl.clamp(vo * inv, -448.0, 448.0))
-    return qe, qo, _pow2(e)
+def _nibbles(byte, ASM: tl.constexpr):
+    """Packed bytes (int8) -> the values of their low and high E2M1 codes, each times 2^-14, fp32. An E2M1 code
+    (sign, two exponent bits, one mantissa bit) placed in an fp16's sign, low exponent and top mantissa bits is its
+    value times 2^-14 (codes 0 and 1 become fp16 subnormals, 0 and 2^-15, as wanted): five integer operations a code
+    instead of a select tree. ASM: the same bits four bytes at a time in PTX (two values an instruction)."""
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, u, v, z;
+            mov.b32 z, 0;
+            prmt.b32 t, $4, z, 0x4140;
+            shl.b32 u, t, 9;  and.b32 u, u, 0x0E000E00; shl.b32 v, t, 12; and.b32 v, v, 0x80008000; or.b32 $0, u, v;
+            shl.b32 u, t, 5;  and.b32 u, u, 0x0E000E00; shl.b32 v, t, 8;  and.b32 v, v, 0x80008000; or.b32 $2, u, v;
+            prmt.b32 t, $4, z, 0x4342;
+            shl.b32 u, t, 9;  and.b32 u, u, 0x0E000E00; shl.b32 v, t, 12; and.b32 v, v, 0x80008000; or.b32 $1, u, v;
+            shl.b32 u, t, 5;  and.b32 u, u, 0x0E000E00; shl.b32 v, t, 8;  and.b32 v, v, 0x80008000; or.b32 $3, u, v;
+            }""",
+            "=r,=r,=r,=r,r", [byte], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    else:
+        b = byte.to(tl.int32)
+        lo = (((b & 7) << 9) | ((b & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+        hi = (((b & 0x70) << 5) | ((b & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
+    return lo.to(tl.float32), hi.to(tl.float32)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0011
 @triton.jit
-def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13_ptr, h_ptr, K, D, I, E,
-                   first, limit, BLOCK_I: tl.constexpr):
-    """Program (pair, block): rows `block · BLOCK_I …` of the pair's gate (w1) and up (w3) projections. Walks D in
-    groups of 128: `act_quant`s the token's group, reads the rows' 64 packed bytes and 4 scales of it, and
-    accumulates in fp32; then the clamped SwiGLU times the routing weight, stored fp32 to `h [N·k, I]`. A pair
-    outside the shard reads no weights and stores 0."""
-    p = tl.program_id(0).to(tl.int64)
-    n, j = p // K, p % K
-    e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
-    inside = (e >= 0) & (e < E)
-    e = tl.where(inside, e, 0)                       # an address inside the stacks, though nothing is read there
-    wt = tl.load(wt_ptr + n * s_wn + j * s_wk).to(tl.float32)
-    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    rm = i < tl.where(inside, I, 0)                  # an outside pair has no rows: its loads are all masked
-    gate_w = w13_ptr + (e * 2 * I + i) * (D // 2)    # the stacks are contiguous: row r of expert e at (e·2I + r)
-    gate_s = s13_ptr + (e * 2 * I + i) * (D // 32)
-    gate = tl.zeros([BLOCK_I], tl.float32)
-    up = tl.zeros([BLOCK_I], tl.float32)
-    for off in range(0, D, 128):
-        qe, qo, sx = _act_quant128(x_ptr + n * s_xn + off)
-        gate += sx * _fp4_dot128(qe, qo, gate_w + off // 2, gate_s + off // 32, rm, BLOCK_I)
-        up += sx * _fp4_dot128(qe, qo, gate_w + I * (D // 2) + off // 2, gate_s + I * (D // 32) + off // 32, rm,
-                               BLOCK_I)
-    gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)   # NaN stays, as torch.clamp
-    up = tl.clamp(up, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
-    act = gate / (1.0 + tl.exp(-gate)) * up * wt     # silu(gate) · up · weight
-    tl.store(h_ptr + p * I + i, tl.where(inside, act, 0.0), mask=i < I)   # where: another rank's NaN weight stays out
+def _act_chunk(a_ptr, KC: tl.constexpr):
+    """`KC` activations at `a_ptr` (a multiple of 128), `act_quant`ed per 128 and back: their even and odd elements,
+    `[KC // 2]` fp32 each, exact (an e4m3 value times a power of two)."""
+    G: tl.constexpr = KC // 128
+    j = tl.arange(0, KC // 2)
+    ve = tl.reshape(tl.load(a_ptr + 2 * j).to(tl.float32), (G, 64))
+    vo = tl.reshape(tl.load(a_ptr + 2 * j + 1).to(tl.float32), (G, 64))
+    e = _act_scale_exp(tl.maximum(tl.max(tl.abs(ve), 1), tl.max(tl.abs(vo), 1)))
+    inv, sc = _pow2(-e)[:, None], _pow2(e)[:, None]
+    qe = _e4m3(tl.clamp(ve * inv, -448.0, 448.0)) * sc
+    qo = _e4m3(tl.clamp(vo * inv, -448.0, 448.0)) * sc
+    return tl.reshape(qe, (KC // 2,)), tl.reshape(qo, (KC // 2,))
 
 @triton.jit
-def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I, E, first, BLOCK_D: tl.constexpr):
-    """Program (pair, block): rows `block · BLOCK_D …` of the pair's down projection. Walks I in groups of 128:
-    `act_quant`s the pair's h group (every block of the pair quantises it alike), reads the rows' packed bytes and
-    scales, accumulates in fp32 and stores fp32 to `yp [N·k, D]`. A pair outside the shard stores 0."""
+def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+    """`[ROWS]` fp32: FP4 rows `rows` of a stack (`KT` inputs a row) against the `KT` activations at `a_ptr`,
+    `act_quant`ed on the fly, `KC` inputs an iteration. Per 32-input group the products are summed, then multiplied
+    by the group's scale (times 2^14, undoing the decode's factor: exact)."""
+    jb = tl.arange(0, KC // 2)
+    w_rows = w_ptr + rows * (KT // 2)
+    s_rows = s_ptr + rows * (KT // 32)
+    acc = tl.zeros([ROWS], tl.float32)
+    for off in range(0, KT, KC):
+        ae, ao = _act_chunk(a_ptr + off, KC)
+        byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
+        lo, hi = _nibbles(byte, ASM)
+        part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
+        sc = _e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
+        acc += tl.sum(part * sc, 1)
+    return acc
+
+@triton.jit
+def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13_ptr, h_ptr, K, D, I, E,
+                        first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+    """Program (pair, block): rows `block · BN …` of the pair's gate (w1) and up (w3) projections, read as `2 · BN`
+    interleaved rows of w13 in one pass over D, then the clamped SwiGLU times the routing weight, fp32 into `h`."""
     p = tl.program_id(0).to(tl.int64)
     n, j = p // K, p % K
     e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
     inside = (e >= 0) & (e < E)
     e = tl.where(inside, e, 0)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    wt = tl.load(wt_ptr + n * s_wn + j * s_wk).to(tl.float32)
+    r = tl.arange(0, 2 * BN)
+    i = tl.program_id(1) * BN + r // 2
+    rows = e * 2 * I + (r % 2) * I + i                 # even r: gate row i; odd r: up row i
+    rm = i < tl.where(inside, I, 0)
+    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM)
+    gate, up = tl.split(tl.reshape(acc, (BN, 2)))
+    gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
+    up = tl.clamp(up, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
+    act = gate / (1.0 + tl.exp(-gate)) * up * wt
+    io = tl.program_id(1) * BN + tl.arange(0, BN)
+    tl.store(h_ptr + p * I + io, tl.where(inside, act, 0.0), mask=io < I)
+
+@triton.jit
+def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I, E, first, BN: tl.constexpr,
+                          KC: tl.constexpr, ASM: tl.constexpr):
+    "Program (pair, block): rows `block · BN …` of the pair's down projection, fp32 into `yp [N·k, D]`."
+    p = tl.program_id(0).to(tl.int64)
+    n, j = p // K, p % K
+    e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
+    inside = (e >= 0) & (e < E)
+    e = tl.where(inside, e, 0)
+    d = tl.program_id(1) * BN + tl.arange(0, BN)
     rm = d < tl.where(inside, D, 0)
-    w_rows = w2_ptr + (e * D + d) * (I // 2)
-    s_rows = s2_ptr + (e * D + d) * (I // 32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for off in range(0, I, 128):
-        qe, qo, sh = _act_quant128(h_ptr + p * I + off)
-        acc += sh * _fp4_dot128(qe, qo, w_rows + off // 2, s_rows + off // 32, rm, BLOCK_D)
+    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM)
     tl.store(yp_ptr + p * D + d, acc, mask=d < D)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0012
-FP4_UP_TILE, FP4_DOWN_TILE = 16, 32     # BLOCK_I of the up launch, BLOCK_D of the down launch (benchmarks/scripts/fp4_moe_gpu.py)
+@dataclass(frozen=True)
+class GemvTiles:
+    "Tiles of the GEMV launches: rows a program (`bn`, the up launch reads 2·bn of w13), inputs an iteration (`kc`)."
+    up_bn: int = 16
+    up_kc: int = 256
+    up_warps: int = 4
+    down_bn: int = 32
+    down_kc: int = 256
+    down_warps: int = 4
+    asm: bool = True
+
+FP4_GEMV = GemvTiles()   # the H100 sweep's best at 16 tokens (benchmarks/scripts/fp4_gemv_gpu.py)
 
 def _check(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP4Stack) -> None:
     "Raise a ValueError naming what is wrong: a bad shape inside a kernel would read the wrong memory, not fail."
@@ -243,48 +277,61 @@ def _check(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP4Sta
     if any(not t.is_contiguous() for t in (st.w13, st.s13, st.w2, st.s2)) or x.stride(-1) != 1:
         raise ValueError("fp4_moe: the stacks must be contiguous and x unit-stride in its last dim")
 
-def fp4_up(x, weights, idx, st: FP4Stack, first: int, limit: float, block_i: int = FP4_UP_TILE) -> torch.Tensor:
-    "The up launch alone: `h [N·k, I]` fp32, as `fp4_up_ref` computes it."
+def fp4_up(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
+    "The up launch: `h [N·k, I]` fp32, as `fp4_up_ref` computes it."
+    t = t or FP4_GEMV
     (N, D), k, (E, I) = x.shape, idx.shape[1], (st.w13.shape[0], st.w13.shape[1] // 2)
     h = torch.empty(N * k, I, dtype=torch.float32, device=x.device)
     if N * k == 0: return h
-    launch(_fp4_up_kernel, (N * k, triton.cdiv(I, block_i)), x, x.stride(0), weights, weights.stride(0),
+    kc = t.up_kc
+    while D % kc: kc //= 2
+    launch(_fp4_up_kernel, (N * k, triton.cdiv(I, t.up_bn)), x, x.stride(0), weights, weights.stride(0),
            weights.stride(1), idx, idx.stride(0), idx.stride(1), st.w13, st.s13.view(torch.uint8), h, k, D, I, E,
-           first, float(limit), BLOCK_I=block_i)
+           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED, num_warps=t.up_warps)
     return h
 
-def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, block_d: int = FP4_DOWN_TILE) -> torch.Tensor:
+def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, t: GemvTiles | None = None) -> torch.Tensor:
     "The down launch and the sum over each token's pairs: `[N, D]` fp32 from `h [N·k, I]`, as `fp4_down_ref`."
+    t = t or FP4_GEMV
     (N, k), (E, D, I) = idx.shape, (st.w2.shape[0], st.w2.shape[1], st.w2.shape[2] * 2)
     yp = torch.empty(N * k, D, dtype=torch.float32, device=h.device)
+    kc = t.down_kc
+    while I % kc: kc //= 2
     if N * k > 0:
-        launch(_fp4_down_kernel, (N * k, triton.cdiv(D, block_d)), h, idx, idx.stride(0), idx.stride(1), st.w2,
-               st.s2.view(torch.uint8), yp, k, D, I, E, first, BLOCK_D=block_d)
+        launch(_fp4_down_kernel, (N * k, triton.cdiv(D, t.down_bn)), h, idx, idx.stride(0), idx.stride(1), st.w2,
+               st.s2.view(torch.uint8), yp, k, D, I, E, first, BN=t.down_bn, KC=kc,
+               ASM=t.asm and not _INTERPRETED, num_warps=t.down_warps)
     return yp.view(N, k, D).sum(1)
 
-def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, block_i: int = FP4_UP_TILE,
-                  block_d: int = FP4_DOWN_TILE) -> torch.Tensor:
-    """The routed experts' sum, fp32 `[N, D]`, in two Triton launches and one sum over the slots, reading only the
-    selected experts' packed bytes. No host read of `idx`: capturable in a CUDA graph."""
+def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
+    "The routed experts' sum, fp32 `[N, D]`, by the two GEMV launches: capturable, no host read."
     _check(x, weights, idx, st)
-    return fp4_down(fp4_up(x, weights, idx, st, first, limit, block_i), idx, st, first, block_d)
+    return fp4_down(fp4_up(x, weights, idx, st, first, limit, t), idx, st, first, t)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0014
 @triton.jit
-def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr):
+def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, DEC: tl.constexpr):
     """`[BN, 64]` packed bytes of FP4 rows -> their low-nibble (even inputs) and high-nibble (odd inputs) values times
     the rows' per-32 scales, each `[BN, 64]` bf16 -- exact: an E2M1 value times a power of two fits bf16 (fp32 under
-    the interpreter, whose bf16 `tl.dot` is wrong: the same values)."""
-    byte = tl.load(w_ptrs, mask=rm[:, None], other=0).to(tl.int32) & 0xFF
-    sc = tl.reshape(_e8m0(s_ptrs, rm[:, None]), (BN, 4, 1))        # 4 scales: 16 bytes (32 inputs) each
-    lo = tl.reshape(tl.reshape(_e2m1(byte & 15), (BN, 4, 16)) * sc, (BN, 64))
-    hi = tl.reshape(tl.reshape(_e2m1(byte >> 4), (BN, 4, 16)) * sc, (BN, 64))
+    the interpreter, whose bf16 `tl.dot` is wrong: the same values). DEC 0: the select-tree decode `_e2m1`; 1: the
+    fp16-bit decode `_nibbles`; 2: the same in PTX."""
+    if DEC == 0:
+        byte = tl.load(w_ptrs, mask=rm[:, None], other=0).to(tl.int32) & 0xFF
+        sc = tl.reshape(_e8m0(s_ptrs, rm[:, None]), (BN, 4, 1))        # 4 scales: 16 bytes (32 inputs) each
+        lo = tl.reshape(tl.reshape(_e2m1(byte & 15), (BN, 4, 16)) * sc, (BN, 64))
+        hi = tl.reshape(tl.reshape(_e2m1(byte >> 4), (BN, 4, 16)) * sc, (BN, 64))
+    else:
+        lo, hi = _nibbles(tl.load(w_ptrs, mask=rm[:, None], other=0), DEC == 2)
+        sc = tl.reshape(_e8m0(s_ptrs, rm[:, None]) * 16384.0, (BN, 4, 1))
+        lo = tl.reshape(tl.reshape(lo, (BN, 4, 16)) * sc, (BN, 64))
+        hi = tl.reshape(tl.reshape(hi, (BN, 4, 16)) * sc, (BN, 64))
     if F32: return lo, hi
     return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 @triton.jit
 def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
-                        UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr):
+                        UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
+                        DEC: tl.constexpr = 0):
     """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
     of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
     pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
@@ -308,12 +355,12 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
         a_even = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :], mask=pm[:, None], other=0.0)
         a_odd = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :] + 1, mask=pm[:, None], other=0.0)
         if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
-        lo, hi = _fp4_tile(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32)
+        lo, hi = _fp4_tile(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, DEC)
         acc = tl.dot(a_even, tl.trans(lo), acc)
         acc = tl.dot(a_odd, tl.trans(hi), acc)
         if UP:                                             # the matching rows of w3, NOUT rows further on
             lo, hi = _fp4_tile(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
-                               s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32)
+                               s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, DEC)
             acc2 = tl.dot(a_even, tl.trans(lo), acc2)
             acc2 = tl.dot(a_odd, tl.trans(hi), acc2)
     pid = tl.where(pm, pair, 0).to(tl.int64)
@@ -350,11 +397,11 @@ def _align(idx: torch.Tensor, first: int, E: int, bm: int) -> tuple[torch.Tensor
     bexp = torch.where(bexp < E, bexp, -1).to(torch.int32)
     return rows[:-1], bexp
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+FP4_DECODE = 2                                 # the grouped launches' decode (see _fp4_tile): PTX
 FP4_BM, FP4_BN_UP, FP4_BN_DOWN = 16, 128, 64   # tiles of the grouped launches (BN of the up launch is one act group)
 
 def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm: int = FP4_BM,
-                    bn_down: int = FP4_BN_DOWN) -> torch.Tensor:
+                    bn_down: int = FP4_BN_DOWN, dec: int | None = None) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, on tensor cores: pairs grouped by expert on the device, x `act_quant`ed
     and back in bf16 (exact), one grouped launch for w1/w3 with the SwiGLU and h's quantisation fused, one for w2, and
     a sum over each token's pairs. Sync-free (capturable) at any size."""
@@ -367,13 +414,15 @@ def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm:
     xq = act_dequant(*act_quant(x)).to(torch.bfloat16)
     h = torch.empty(P, I, dtype=torch.bfloat16, device=x.device)
     wt = weights.reshape(-1).float()
+    dec = FP4_DECODE if dec is None else dec
+    dec = min(dec, 1) if _INTERPRETED else dec
     launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(I, FP4_BN_UP)), xq, k, rows, bexp, wt, st.w13,
-           st.s13.view(torch.uint8), h, D, I, I, float(limit), UP=True, BM=bm, BN=FP4_BN_UP, F32=_INTERPRETED)
+           st.s13.view(torch.uint8), h, D, I, I, float(limit), UP=True, BM=bm, BN=FP4_BN_UP, F32=_INTERPRETED, DEC=dec)
     launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(D, bn_down)), h, 1, rows, bexp, wt, st.w2,
-           st.s2.view(torch.uint8), y, I, D, I, float(limit), UP=False, BM=bm, BN=bn_down, F32=_INTERPRETED)
+           st.s2.view(torch.uint8), y, I, D, I, float(limit), UP=False, BM=bm, BN=bn_down, F32=_INTERPRETED, DEC=dec)
     return y.view(N, k, D).sum(1)
 
-FP4_SMALL_PAIRS = 96      # up to 16 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
+FP4_SMALL_PAIRS = 384     # up to 64 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
 FP4_WIDE_PAIRS = 4096     # from here the grouped launches take blocks of 64 pairs and 128-row down tiles
 
 def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
@@ -381,7 +430,7 @@ def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Te
     for a decode step's few pairs, the grouped tensor-core launches above. Both are sync-free (a CUDA graph captures
     them)."""
     P = idx.numel()
-    if P <= FP4_SMALL_PAIRS: return fp4_moe_small(x, weights, idx, st, first, limit, 16, 32)
+    if P <= FP4_SMALL_PAIRS: return fp4_moe_small(x, weights, idx, st, first, limit)
     if P < FP4_WIDE_PAIRS: return fp4_moe_grouped(x, weights, idx, st, first, limit, 16, 64)
     return fp4_moe_grouped(x, weights, idx, st, first, limit, 64, 128)
 
