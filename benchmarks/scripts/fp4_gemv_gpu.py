@@ -5,7 +5,7 @@ scales read (distinct experts hit).
 
     OUT=. python benchmarks/scripts/fp4_gemv_gpu.py      # H100/H200, about 4 minutes; writes $OUT/fp4_gemv.json
 """
-import itertools, json, os, sys, time, traceback
+import dataclasses, itertools, json, os, sys, time, traceback
 from pathlib import Path
 
 import torch
@@ -108,6 +108,12 @@ for N in (1, 16):
         r = guarded("arith", lambda: {"case": "gemv_other_decode", "N": N, "asm": not ASM, "up_us": round(us_per_call(lambda x, w, i: F.fp4_up(x, w, i, st, 0, LIMIT, ta), rs), 2),
                                       "down_us": round(us_per_call(lambda h, i: F.fp4_down(h, i, st, 0, ta), hs), 2)})
         if r: row(r)
+        tp = F.GemvTiles(bu["bn"], bu["kc"], bu["warps"], bd["bn"], bd["kc"], bd["warps"], ASM, prequant=True)
+        r = guarded("prequant", lambda: {"case": "gemv_prequant", "N": N, "up_us": round(us_per_call(lambda x, w, i: F.fp4_up(x, w, i, st, 0, LIMIT, tp), rs), 2),
+                                         "down_us": round(us_per_call(lambda h, i: F.fp4_down(h, i, st, 0, tp), hs), 2),
+                                         "up_rel_err": rel(F.fp4_up(x[:4], w[:4], idx[:4], st, 0, LIMIT, tp), h_ref),
+                                         "down_rel_err": rel(F.fp4_down(h_ref, idx[:4], st, 0, tp), y_ref)})
+        if r: row(r)
         row({"case": "best_tiles", "N": N, "tiles": best[N].__dict__, "up_us": bu["us"], "down_us": bd["us"]})
     del hs, rs
 print(f"sweep done in {time.time() - t0:.0f} s", flush=True)
@@ -119,6 +125,7 @@ for N in (1, 4, 16, 32, 64, 256):
     x, w, idx = rs[0]
     ref = F.fp4_moe_ref(x[:4], w[:4], idx[:4], st, 0, LIMIT)
     paths = {"gemv": lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, tiles)}
+    paths["gemv_prequant"] = lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, dataclasses.replace(tiles, prequant=True))
     if 1 in best: paths["gemv_n1tiles"] = lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, best[1])
     for dec in (0, 1, 2):
         paths[f"grouped_dec{dec}"] = lambda x, w, i, dec=dec: F.fp4_moe_grouped(x, w, i, st, 0, LIMIT, 16 if N < 512 else 64, 64 if N < 512 else 128, dec=dec)

@@ -6,7 +6,8 @@ the engine with the FP8/FP4 kernels (chapters 18a, 18b), against the HBM floor o
         --simulate-acceptance 3.34 --concurrency 1 64 --prefill        # DSpark on dummy weights, simulated acceptance
 
 Decode tok/s at concurrency C comes from two greedy runs of C requests that differ only in max_tokens (16 and 16 + T):
-T·C tokens over the difference of their times, so prefill and start-up cancel. The C1 floor is the stored bytes one
+T·C tokens over the difference of their times, so prefill and start-up cancel. Prompts have 32 tokens, or each of
+`--prompt-len` (decode after a long context: the repeated prompt is a prefix-cache hit, so the runs differ in decode). The C1 floor is the stored bytes one
 decode step must read (every weight but the embedding and the unselected experts: 6 experts a layer) over this GPU's
 device-to-device copy rate (bytes read plus written per second: what HBM moves, whichever way). Prefill: one prompt of 4,096 tokens, its time to first token, and MFU against
 `--peak-tflops` (the FP8 dense peak of the card: H100 SXM 989 bf16 / 1,979 FP8, H200 the same chip).
@@ -89,9 +90,10 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
         llm.generate(prompts, sp(k), use_tqdm=False)
         torch.cuda.synchronize(); return time.perf_counter() - t
 
-    for c in a.concurrency:
+    for c, P in [(c, P) for P in a.prompt_len for c in a.concurrency]:
+        key = f"C{c}" if P == 32 else f"C{c}_prompt{P}"
         try:
-            prompts = [torch.randint(0, V, (32,), generator=g).tolist() for _ in range(c)]
+            prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(c)]
             timed(prompts, 4)                                      # warm-up: compile, first replays
             s0 = llm.spec_stats() if spec else None
             short, long = timed(prompts, 16), timed(prompts, 16 + a.decode_tokens)
@@ -103,10 +105,10 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
                 row["rounds"], row["mean_acceptance_length"] = d, round(1 + acc / max(d, 1), 3)
                 row["ms_per_token_per_request"] = round(dt / a.decode_tokens * 1e3, 3)
                 del row["step_ms"]
-            elif c == 1: row["over_floor"] = round(row["step_ms"] / out["c1_floor_ms"], 2)
+            elif c == 1 and P == 32: row["over_floor"] = round(row["step_ms"] / out["c1_floor_ms"], 2)
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}; traceback.print_exc(limit=3)
-        m["rows"][f"C{c}"] = row; print(mode, c, row, flush=True); save()
+        m["rows"][key] = row; print(mode, key, row, flush=True); save()
     for L in a.prefill:
         try:
             prompt = torch.randint(0, V, (L,), generator=g).tolist()
@@ -159,6 +161,8 @@ if __name__ == "__main__":
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--decode-tokens", type=int, default=48)
+    ap.add_argument("--prompt-len", type=int, nargs="+", default=[32],
+                    help="decode rows after prompts of these lengths (the timed runs repeat the prompt: a prefix hit, so only decode differs)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[4096])
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=4096, help="max_num_batched_tokens")

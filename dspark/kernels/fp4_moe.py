@@ -1,4 +1,4 @@
-"""The routed experts of a MoE layer read in their stored form — E2M1 codes two to a byte with a power-of-two scale per 32 — and dequantised in registers, with the activations quantised per 128 as DeepSeek's inference code does: two GEMV launches for a decode step's few pairs, grouped tensor-core launches for more, all checked against the reference and all capturable in a CUDA graph.
+"""The routed experts of a MoE layer read in their stored form — E2M1 codes two to a byte with a power-of-two scale per 32 — and decoded in registers with a few integer operations a code, with the activations quantised per 128 as DeepSeek's inference code does: two GEMV launches for a decode step's pairs, grouped tensor-core launches for more, all checked against the reference and all capturable in a CUDA graph.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_fp4_moe.html.md"""
 
@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/kernels_fp4_moe.html.md"""
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0003
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -194,16 +195,29 @@ def _act_chunk(a_ptr, KC: tl.constexpr):
     return tl.reshape(qe, (KC // 2,)), tl.reshape(qo, (KC // 2,))
 
 @triton.jit
-def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+def _act_rows_kernel(x_ptr, s_x, q_ptr, K):
+    "Program (row, group): one 128-group of a row `act_quant`ed and back, fp32 in input order into `q [rows, K]`."
+    r, off = tl.program_id(0).to(tl.int64), tl.program_id(1) * 128
+    qe, qo = _act_chunk(x_ptr + r * s_x + off, 128)
+    j = tl.arange(0, 64)
+    tl.store(q_ptr + r * K + off + 2 * j, qe)
+    tl.store(q_ptr + r * K + off + 2 * j + 1, qo)
+
+@triton.jit
+def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr,
+                  PREQ: tl.constexpr):
     """`[ROWS]` fp32: FP4 rows `rows` of a stack (`KT` inputs a row) against the `KT` activations at `a_ptr`,
-    `act_quant`ed on the fly, `KC` inputs an iteration. Per 32-input group the products are summed, then multiplied
-    by the group's scale (times 2^14, undoing the decode's factor: exact)."""
+    `act_quant`ed on the fly (PREQ: already, fp32), `KC` inputs an iteration. Per 32-input group the products are
+    summed, then multiplied by the group's scale (times 2^14, undoing the decode's factor: exact)."""
     jb = tl.arange(0, KC // 2)
     w_rows = w_ptr + rows * (KT // 2)
     s_rows = s_ptr + rows * (KT // 32)
     acc = tl.zeros([ROWS], tl.float32)
     for off in range(0, KT, KC):
-        ae, ao = _act_chunk(a_ptr + off, KC)
+        if PREQ:
+            ae, ao = tl.load(a_ptr + off + 2 * jb), tl.load(a_ptr + off + 2 * jb + 1)
+        else:
+            ae, ao = _act_chunk(a_ptr + off, KC)
         byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
         lo, hi = _nibbles(byte, ASM)
         part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
@@ -213,7 +227,7 @@ def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.
 
 @triton.jit
 def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13_ptr, h_ptr, K, D, I, E,
-                        first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr, PREQ: tl.constexpr):
     """Program (pair, block): rows `block · BN …` of the pair's gate (w1) and up (w3) projections, read as `2 · BN`
     interleaved rows of w13 in one pass over D, then the clamped SwiGLU times the routing weight, fp32 into `h`."""
     p = tl.program_id(0).to(tl.int64)
@@ -226,7 +240,7 @@ def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr
     i = tl.program_id(1) * BN + r // 2
     rows = e * 2 * I + (r % 2) * I + i                 # even r: gate row i; odd r: up row i
     rm = i < tl.where(inside, I, 0)
-    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM)
+    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM, PREQ)
     gate, up = tl.split(tl.reshape(acc, (BN, 2)))
     gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
     up = tl.clamp(up, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
@@ -236,7 +250,7 @@ def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr
 
 @triton.jit
 def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I, E, first, BN: tl.constexpr,
-                          KC: tl.constexpr, ASM: tl.constexpr):
+                     KC: tl.constexpr, ASM: tl.constexpr, PREQ: tl.constexpr):
     "Program (pair, block): rows `block · BN …` of the pair's down projection, fp32 into `yp [N·k, D]`."
     p = tl.program_id(0).to(tl.int64)
     n, j = p // K, p % K
@@ -245,7 +259,7 @@ def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I
     e = tl.where(inside, e, 0)
     d = tl.program_id(1) * BN + tl.arange(0, BN)
     rm = d < tl.where(inside, D, 0)
-    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM)
+    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM, PREQ)
     tl.store(yp_ptr + p * D + d, acc, mask=d < D)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0012
@@ -259,6 +273,7 @@ class GemvTiles:
     down_kc: int = 256
     down_warps: int = 4
     asm: bool = True
+    prequant: bool = False   # activations quantised by one launch before each GEMV instead of in every program
 
 FP4_GEMV = GemvTiles()   # the H100 sweep's best at 16 tokens (benchmarks/scripts/fp4_gemv_gpu.py)
 
@@ -277,6 +292,13 @@ def _check(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP4Sta
     if any(not t.is_contiguous() for t in (st.w13, st.s13, st.w2, st.s2)) or x.stride(-1) != 1:
         raise ValueError("fp4_moe: the stacks must be contiguous and x unit-stride in its last dim")
 
+def _act_rows(a: torch.Tensor) -> torch.Tensor:
+    "`act_dequant(*act_quant(a))` in fp32, `[rows, K]`, by one launch (exact: an e4m3 value times a power of two)."
+    R, K = a.shape
+    q = torch.empty(R, K, dtype=torch.float32, device=a.device)
+    if R: launch(_act_rows_kernel, (R, K // 128), a, a.stride(0), q, K)
+    return q
+
 def fp4_up(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
     "The up launch: `h [N·k, I]` fp32, as `fp4_up_ref` computes it."
     t = t or FP4_GEMV
@@ -285,9 +307,11 @@ def fp4_up(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles
     if N * k == 0: return h
     kc = t.up_kc
     while D % kc: kc //= 2
+    if t.prequant: x = _act_rows(x)
     launch(_fp4_up_kernel, (N * k, triton.cdiv(I, t.up_bn)), x, x.stride(0), weights, weights.stride(0),
            weights.stride(1), idx, idx.stride(0), idx.stride(1), st.w13, st.s13.view(torch.uint8), h, k, D, I, E,
-           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED, num_warps=t.up_warps)
+           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED, PREQ=t.prequant,
+           num_warps=t.up_warps)
     return h
 
 def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, t: GemvTiles | None = None) -> torch.Tensor:
@@ -298,9 +322,10 @@ def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, t: Ge
     kc = t.down_kc
     while I % kc: kc //= 2
     if N * k > 0:
-        launch(_fp4_down_kernel, (N * k, triton.cdiv(D, t.down_bn)), h, idx, idx.stride(0), idx.stride(1), st.w2,
+        hq = _act_rows(h) if t.prequant else h
+        launch(_fp4_down_kernel, (N * k, triton.cdiv(D, t.down_bn)), hq, idx, idx.stride(0), idx.stride(1), st.w2,
                st.s2.view(torch.uint8), yp, k, D, I, E, first, BN=t.down_bn, KC=kc,
-               ASM=t.asm and not _INTERPRETED, num_warps=t.down_warps)
+               ASM=t.asm and not _INTERPRETED, PREQ=t.prequant, num_warps=t.down_warps)
     return yp.view(N, k, D).sum(1)
 
 def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
@@ -452,12 +477,15 @@ def fp4_moe_check(device: str | torch.device, dim: int = 256, inter: int = 128, 
         x, weights, idx = x.to(device), weights.to(device), idx.to(device)
         st = FP4Stack(*(t.to(device) for t in (st.w13, st.s13, st.w2, st.s2)), ())
         _check(x, weights, idx, st)
-        h, h_ref = fp4_up(x, weights, idx, st, first, limit), fp4_up_ref(x, weights, idx, st, first, limit)
-        y, y_ref = fp4_down(h, idx, st, first), fp4_down_ref(h, idx, st, first)
-        for name, a, b in (("h", h, h_ref), ("y", y, y_ref)):
-            err, tol = (a - b).abs().max().item(), 1e-5 * max(1e-30, b.abs().max().item())
-            if not err <= tol:                          # (a NaN fails too)
-                return f"fp4_moe's {name} differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
+        h_ref = fp4_up_ref(x, weights, idx, st, first, limit)
+        for t in (FP4_GEMV, dataclasses.replace(FP4_GEMV, prequant=not FP4_GEMV.prequant)):
+            h = fp4_up(x, weights, idx, st, first, limit, t)
+            y, y_ref = fp4_down(h, idx, st, first, t), fp4_down_ref(h, idx, st, first)
+            for name, a, b in (("h", h, h_ref), ("y", y, y_ref)):
+                err, tol = (a - b).abs().max().item(), 1e-5 * max(1e-30, b.abs().max().item())
+                if not err <= tol:                      # (a NaN fails too)
+                    return (f"fp4_moe's {name} differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g}, "
+                            f"{t})")
         # the grouped launches end to end: besides fp32 summation order, an h value on an e4m3 rounding boundary may
         # round the other way (tl.exp is not torch's exp), a change of one e4m3 step in one h value: 2% allows it,
         # and a wrong expert, row or scale is off by far more
