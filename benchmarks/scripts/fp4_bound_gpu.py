@@ -41,11 +41,11 @@ def _variant_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.c
             acc += tl.sum(byte.to(tl.int32), 1).to(tl.float32)
         elif MODE == 1:    # loads + activation quantisation + PTX decode + conversion + FMA, no scales, no group sums
             ae, ao = F._act_chunk(a_ptr + off, KC)
-            lo, hi = F._nibbles(byte, True)
+            lo, hi = F.nibbles(byte, True)
             acc2 += lo * ae[None, :] + hi * ao[None, :]
         elif MODE == 2:    # the production body with the scales applied to the decoded weights, one sum at the end
             ae, ao = F._act_chunk(a_ptr + off, KC)
-            lo, hi = F._nibbles(byte, True)
+            lo, hi = F.nibbles(byte, True)
             sc = _scales(s_rows, off, rm, ROWS, KC)
             acc2 += tl.reshape(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)) * sc[:, :, None], (ROWS, KC // 2))
         elif MODE == 3:    # fp32 decode (no conversion), scales times 2^126 applied per group
@@ -58,14 +58,14 @@ def _variant_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.c
             j = tl.arange(0, KC // 2)
             ae = tl.load(a_ptr + off + 2 * j).to(tl.float32)
             ao = tl.load(a_ptr + off + 2 * j + 1).to(tl.float32)
-            lo, hi = F._nibbles(byte, True)
+            lo, hi = F.nibbles(byte, True)
             part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
             acc += tl.sum(part * _scales(s_rows, off, rm, ROWS, KC), 1)
     return acc + tl.sum(acc2, 1)
 
 @triton.jit
 def _scales(s_rows, off, rm, ROWS: tl.constexpr, KC: tl.constexpr):
-    return F._e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
+    return F.e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
 
 @triton.jit
 def _variant_up(x_ptr, idx_ptr, w13_ptr, s13_ptr, h_ptr, K, D, I, BN: tl.constexpr, KC: tl.constexpr, MODE: tl.constexpr):

@@ -1,4 +1,4 @@
-"""Chapter 18b's FP4 GEMV launches against the grouped tensor-core launches (each with the three decodes), at V4-Flash's expert shapes (D 4096, I 2048, 256 experts, top-6) on the GPU: the PTX decode against the
+"""Chapter 18b's FP4 GEMV launches against the grouped tensor-core launches of chapter 18c (each with the Triton and the PTX decode: grouped_dec1, grouped_dec2), at V4-Flash's expert shapes (D 4096, I 2048, 256 experts, top-6) on the GPU: the PTX decode against the
 arithmetic one for all 256 bytes, parity of every configuration with the reference, and µs a call with the L2 cold
 (each timed graph replays the call over 8 routings of distinct experts). TB/s counts the selected experts' codes and
 scales read (distinct experts hit).
@@ -14,6 +14,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dspark.kernels import fp4_moe as F
+from dspark.kernels.fp4_grouped import fp4_moe_grouped
 
 D, I, E, K, LIMIT, R = 4096, 2048, 256, 6, 10.0, 8
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -25,7 +26,7 @@ def row(r): out["rows"].append(r); print(json.dumps(r), flush=True); save()
 @triton.jit
 def _decode_kernel(b_ptr, lo_ptr, hi_ptr, ASM: tl.constexpr):
     j = tl.arange(0, 256)
-    lo, hi = F._nibbles(tl.load(b_ptr + j), ASM)
+    lo, hi = F.nibbles(tl.load(b_ptr + j), ASM)
     tl.store(lo_ptr + j, lo); tl.store(hi_ptr + j, hi)
 
 def decode_check():
@@ -127,8 +128,8 @@ for N in (1, 4, 16, 32, 64, 256):
     paths = {"gemv": lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, tiles)}
     paths["gemv_prequant"] = lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, dataclasses.replace(tiles, prequant=True))
     if 1 in best: paths["gemv_n1tiles"] = lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, best[1])
-    for dec in (0, 1, 2):
-        paths[f"grouped_dec{dec}"] = lambda x, w, i, dec=dec: F.fp4_moe_grouped(x, w, i, st, 0, LIMIT, 16 if N < 512 else 64, 64 if N < 512 else 128, dec=dec)
+    for asm in (False, True):
+        paths[f"grouped_dec{1 + asm}"] = lambda x, w, i, asm=asm: fp4_moe_grouped(x, w, i, st, 0, LIMIT, 16 if N < 512 else 64, 64 if N < 512 else 128, asm=asm)
     for name, fn in paths.items():
         def moe_case():
             err = rel(fn(x[:4], w[:4], idx[:4]), ref)

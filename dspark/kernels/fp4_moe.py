@@ -1,4 +1,4 @@
-"""The routed experts of a MoE layer read in their stored form — E2M1 codes two to a byte with a power-of-two scale per 32 — and decoded in registers with a few integer operations a code, with the activations quantised per 128 as DeepSeek's inference code does: two GEMV launches for a decode step's pairs, grouped tensor-core launches for more, all checked against the reference and all capturable in a CUDA graph.
+"""The routed experts of a MoE layer read in their stored form — E2M1 codes two to a byte with a power-of-two scale per 32 — and decoded in registers with a few integer operations a code, with the activations quantised per 128 as DeepSeek's inference code does: two GEMV launches for a decode, verify or draft step's pairs, checked against the reference and capturable in a CUDA graph. Chapter 18c adds the grouped tensor-core launches for prefill, the dispatcher and the device check.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_fp4_moe.html.md"""
 
@@ -26,9 +26,9 @@ from ..model.quant import ACT_BLOCK, FP8_MAX, act_dequant, act_quant, dequantize
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # bf16 tl.dot and inline PTX are out there
 
 # %% auto #0
-__all__ = ['FP4_GEMV', 'FP4_DECODE', 'FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_WIDE_PAIRS', 'FP4Stack',
-           'stack_fp4_experts', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'GemvTiles', 'fp4_up', 'fp4_down',
-           'fp4_moe_small', 'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check', 'fp4_case']
+__all__ = ['FP4_GEMV', 'FP4Stack', 'stack_fp4_experts', 'local_ids', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'e4m3',
+           'act_scale_exp', 'pow2', 'e8m0', 'nibbles', 'GemvTiles', 'check_moe_args', 'fp4_up', 'fp4_down',
+           'fp4_moe_small', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
 @dataclass
@@ -37,9 +37,9 @@ class FP4Stack:
     these four tensors. `ptrs` are the data pointers of the first and last expert's six tensors when stacked: if
     those change, the parameters have new storage and the stacks are stale."""
     w13: torch.Tensor      # [E, 2I, D/2] int8: expert e's w1 rows, then its w3 rows, two E2M1 codes a byte
-    s13: torch.Tensor      # [E, 2I, D/32] float8_e8m0fnu
+    s13: torch.Tensor      # [E, 2I, D/32] float8e8m0fnu
     w2: torch.Tensor       # [E, D, I/2] int8
-    s2: torch.Tensor       # [E, D, I/32] float8_e8m0fnu
+    s2: torch.Tensor       # [E, D, I/32] float8e8m0fnu
     ptrs: tuple[int, ...]
 
 def _fp4_tensors(ex) -> tuple[torch.Tensor, ...]:
@@ -73,7 +73,7 @@ def stack_fp4_experts(moe) -> FP4Stack:
     return moe.__dict__["_fp4_stack"]
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0007
-def _local(idx: torch.Tensor, first: int, E: int) -> torch.Tensor:
+def local_ids(idx: torch.Tensor, first: int, E: int) -> torch.Tensor:
     "Flattened local expert id of the `N·k` pairs; E for a pair outside the shard."
     local = idx.reshape(-1) - first
     return torch.where((local >= 0) & (local < E), local, E)
@@ -87,7 +87,7 @@ def fp4_up_ref(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP
     """`h [N·k, I]` fp32 of every (token, expert) pair: `act_quant`ed x against the dequantised w1 and w3 in fp32,
     the clamped SwiGLU times the routing weight. Rows of pairs outside the shard are 0."""
     E, I, k = st.w13.shape[0], st.w13.shape[1] // 2, idx.shape[1]
-    local, xq = _local(idx, first, E), _qdq(x)
+    local, xq = local_ids(idx, first, E), _qdq(x)
     h = torch.zeros(local.numel(), I, device=x.device)
     for e in local.unique().tolist():
         if e == E: continue
@@ -99,7 +99,7 @@ def fp4_up_ref(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP
 def fp4_down_ref(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int) -> torch.Tensor:
     "The routed sum `[N, D]` fp32 from `h [N·k, I]`: each pair's `act_quant`ed h against its expert's w2, added up."
     (E, D), (N, k) = st.w2.shape[:2], idx.shape
-    local, hq = _local(idx, first, E), _qdq(h)
+    local, hq = local_ids(idx, first, E), _qdq(h)
     y = torch.zeros(N, D, device=h.device)
     for e in local.unique().tolist():
         if e == E: continue
@@ -114,7 +114,7 @@ def fp4_moe_ref(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: F
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0009
 @triton.jit
-def _e4m3(v):
+def e4m3(v):
     """fp32 `v` (|v| <= 448) rounded to the nearest e4m3 value, ties to even, by bit arithmetic: as the GPU's and
     torch's casts round (Triton's interpreter rounds its cast otherwise). Below 2^-6, e4m3's step is 2^-9: adding
     2^-6 first puts the value where three mantissa bits have that step."""
@@ -127,7 +127,7 @@ def _e4m3(v):
     return tl.where(v < 0, -r, r)
 
 @triton.jit
-def _act_scale_exp(amax):
+def act_scale_exp(amax):
     """`act_quant`'s exponent `ceil(log2(max(amax, 1e-4) / 448))`, exactly, from the bits: with amax = m · 2^p
     (1 <= m < 2), it is p - 8 when m <= 1.75 (448 = 1.75 · 2^8), else p - 7."""
     b = tl.maximum(amax, 1e-4).to(tl.uint32, bitcast=True)
@@ -135,27 +135,18 @@ def _act_scale_exp(amax):
     return tl.where((b & 0x7FFFFF) <= 0x600000, p - 8, p - 7)
 
 @triton.jit
-def _pow2(e):
+def pow2(e):
     "2^e as fp32 for integer e in [-126, 127], from the bits."
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 @triton.jit
-def _e2m1(code):
-    """Value of 4-bit E2M1 codes (int32, 0..15): magnitude {0, .5, 1, 1.5, 2, 3, 4, 6} by `code & 7`, bit 3 the sign.
-    Magnitudes from 1 up are 2^(c>>1 - 1) · (1 + (c&1)/2), written as fp32 bits; 0 and 0.5 are c/2."""
-    c = code & 7
-    big = ((((c >> 1) + 126) << 23) | ((c & 1) << 22)).to(tl.float32, bitcast=True)
-    mag = tl.where(c >= 2, big, c.to(tl.float32) * 0.5)
-    return tl.where((code & 8) != 0, -mag, mag)
-
-@triton.jit
-def _e8m0(s_ptrs, mask):
+def e8m0(s_ptrs, mask):
     "E8M0 scale bytes (2^(byte - 127)) as fp32, from the bits (byte 0, 2^-127, is subnormal)."
     b = tl.load(s_ptrs, mask=mask, other=127).to(tl.int32) & 0xFF
     return tl.where(b == 0, 5.877471754111438e-39, (b << 23).to(tl.float32, bitcast=True))
 
 @triton.jit
-def _nibbles(byte, ASM: tl.constexpr):
+def nibbles(byte, ASM: tl.constexpr):
     """Packed bytes (int8) -> the values of their low and high E2M1 codes, each times 2^-14, fp32. An E2M1 code
     (sign, two exponent bits, one mantissa bit) placed in an fp16's sign, low exponent and top mantissa bits is its
     value times 2^-14 (codes 0 and 1 become fp16 subnormals, 0 and 2^-15, as wanted): five integer operations a code
@@ -188,10 +179,10 @@ def _act_chunk(a_ptr, KC: tl.constexpr):
     j = tl.arange(0, KC // 2)
     ve = tl.reshape(tl.load(a_ptr + 2 * j).to(tl.float32), (G, 64))
     vo = tl.reshape(tl.load(a_ptr + 2 * j + 1).to(tl.float32), (G, 64))
-    e = _act_scale_exp(tl.maximum(tl.max(tl.abs(ve), 1), tl.max(tl.abs(vo), 1)))
-    inv, sc = _pow2(-e)[:, None], _pow2(e)[:, None]
-    qe = _e4m3(tl.clamp(ve * inv, -448.0, 448.0)) * sc
-    qo = _e4m3(tl.clamp(vo * inv, -448.0, 448.0)) * sc
+    e = act_scale_exp(tl.maximum(tl.max(tl.abs(ve), 1), tl.max(tl.abs(vo), 1)))
+    inv, sc = pow2(-e)[:, None], pow2(e)[:, None]
+    qe = e4m3(tl.clamp(ve * inv, -448.0, 448.0)) * sc
+    qo = e4m3(tl.clamp(vo * inv, -448.0, 448.0)) * sc
     return tl.reshape(qe, (KC // 2,)), tl.reshape(qo, (KC // 2,))
 
 @triton.jit
@@ -219,9 +210,9 @@ def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.
         else:
             ae, ao = _act_chunk(a_ptr + off, KC)
         byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
-        lo, hi = _nibbles(byte, ASM)
+        lo, hi = nibbles(byte, ASM)
         part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
-        sc = _e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
+        sc = e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
         acc += tl.sum(part * sc, 1)
     return acc
 
@@ -277,7 +268,7 @@ class GemvTiles:
 
 FP4_GEMV = GemvTiles()   # the H100 sweep's best at 16 tokens, activations quantised first (fp4_gemv_gpu.py)
 
-def _check(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP4Stack) -> None:
+def check_moe_args(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP4Stack) -> None:
     "Raise a ValueError naming what is wrong: a bad shape inside a kernel would read the wrong memory, not fail."
     if x.dim() != 2 or idx.dim() != 2 or idx.shape[0] != x.shape[0] or weights.shape != idx.shape:
         raise ValueError(f"fp4_moe: x must be [N, D] and weights, idx [N, k], got {list(x.shape)}, "
@@ -330,173 +321,10 @@ def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, t: Ge
 
 def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
     "The routed experts' sum, fp32 `[N, D]`, by the two GEMV launches: capturable, no host read."
-    _check(x, weights, idx, st)
+    check_moe_args(x, weights, idx, st)
     return fp4_down(fp4_up(x, weights, idx, st, first, limit, t), idx, st, first, t)
 
-# %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0014
-@triton.jit
-def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, DEC: tl.constexpr):
-    """`[BN, 64]` packed bytes of FP4 rows -> their low-nibble (even inputs) and high-nibble (odd inputs) values times
-    the rows' per-32 scales, each `[BN, 64]` bf16 -- exact: an E2M1 value times a power of two fits bf16 (fp32 under
-    the interpreter, whose bf16 `tl.dot` is wrong: the same values). DEC 0: the select-tree decode `_e2m1`; 1: the
-    fp16-bit decode `_nibbles`; 2: the same in PTX."""
-    if DEC == 0:
-        byte = tl.load(w_ptrs, mask=rm[:, None], other=0).to(tl.int32) & 0xFF
-        sc = tl.reshape(_e8m0(s_ptrs, rm[:, None]), (BN, 4, 1))        # 4 scales: 16 bytes (32 inputs) each
-        lo = tl.reshape(tl.reshape(_e2m1(byte & 15), (BN, 4, 16)) * sc, (BN, 64))
-        hi = tl.reshape(tl.reshape(_e2m1(byte >> 4), (BN, 4, 16)) * sc, (BN, 64))
-    else:
-        lo, hi = _nibbles(tl.load(w_ptrs, mask=rm[:, None], other=0), DEC == 2)
-        sc = tl.reshape(_e8m0(s_ptrs, rm[:, None]) * 16384.0, (BN, 4, 1))
-        lo = tl.reshape(tl.reshape(lo, (BN, 4, 16)) * sc, (BN, 64))
-        hi = tl.reshape(tl.reshape(hi, (BN, 4, 16)) * sc, (BN, 64))
-    if F32: return lo, hi
-    return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
-
-@triton.jit
-def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
-                        UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-                        DEC: tl.constexpr = 0):
-    """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
-    of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
-    pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
-    BN rows of w1 and the same rows of w3, the epilogue the clamped SwiGLU times the routing weight, then each row's
-    128-group `act_quant`ed and back (BN = 128) into `out [pairs, I]` bf16; else fp32 rows into `out [pairs, NOUT]`."""
-    b, t = tl.program_id(0), tl.program_id(1)
-    e = tl.load(bexp_ptr + b).to(tl.int64)
-    if e < 0: return                                       # a block past the last expert's: nothing to do
-    m = tl.arange(0, BM)
-    pair = tl.load(rows_ptr + b * BM + m)
-    pm = pair >= 0
-    arow = tl.where(pm, pair // a_div, 0).to(tl.int64)
-    n = t * BN + tl.arange(0, BN)
-    rm = n < NOUT
-    j = tl.arange(0, 64)
-    w_rows = w_ptr + (e * (2 * NOUT if UP else NOUT) + n) * (K // 2)
-    s_rows = s_ptr + (e * (2 * NOUT if UP else NOUT) + n) * (K // 32)
-    acc = tl.zeros([BM, BN], tl.float32)
-    acc2 = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, 128):
-        a_even = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :], mask=pm[:, None], other=0.0)
-        a_odd = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :] + 1, mask=pm[:, None], other=0.0)
-        if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
-        lo, hi = _fp4_tile(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, DEC)
-        acc = tl.dot(a_even, tl.trans(lo), acc)
-        acc = tl.dot(a_odd, tl.trans(hi), acc)
-        if UP:                                             # the matching rows of w3, NOUT rows further on
-            lo, hi = _fp4_tile(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
-                               s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, DEC)
-            acc2 = tl.dot(a_even, tl.trans(lo), acc2)
-            acc2 = tl.dot(a_odd, tl.trans(hi), acc2)
-    pid = tl.where(pm, pair, 0).to(tl.int64)
-    if UP:
-        wt = tl.load(wt_ptr + pid, mask=pm, other=0.0).to(tl.float32)
-        gate = tl.minimum(acc, limit, propagate_nan=tl.PropagateNan.ALL)
-        up = tl.clamp(acc2, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
-        h = gate / (1.0 + tl.exp(-gate)) * up * wt[:, None]
-        sx = _pow2(_act_scale_exp(tl.max(tl.abs(h), 1)))   # this row's 128-group: its act_quant scale
-        hq = _e4m3(tl.clamp(h / sx[:, None], -448.0, 448.0)) * sx[:, None]
-        tl.store(out_ptr + pid[:, None] * I + n[None, :], hq.to(tl.bfloat16), mask=pm[:, None] & rm[None, :])
-    else:
-        tl.store(out_ptr + pid[:, None] * NOUT + n[None, :], acc, mask=pm[:, None] & rm[None, :])
-
-def _align(idx: torch.Tensor, first: int, E: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pairs grouped by local expert in blocks of `bm`, on the device with no host read (capturable): `rows
-    [blocks · bm]` pair ids (-1 pads), `bexp [blocks]` each block's expert (-1 past the last). `blocks` is a bound
-    known from the shapes alone: one partial block per hit expert plus the full ones."""
-    P = idx.numel()
-    local = _local(idx, first, E)
-    blocks = triton.cdiv(P, bm) + min(P, E)
-    counts = torch.zeros(E + 1, dtype=torch.int64, device=idx.device).scatter_add_(0, local, torch.ones_like(local))[:E]
-    padded = (counts + bm - 1) // bm * bm
-    pend = torch.cumsum(padded, 0)
-    order = torch.argsort(local, stable=True)
-    e_sorted = local[order]
-    cstart = torch.cumsum(counts, 0) - counts
-    valid = e_sorted < E
-    es = torch.where(valid, e_sorted, 0)
-    dest = torch.where(valid, pend[es] - padded[es] + torch.arange(P, device=idx.device) - cstart[es], blocks * bm)
-    rows = torch.full((blocks * bm + 1,), -1, dtype=torch.int32, device=idx.device)
-    rows.scatter_(0, dest, order.to(torch.int32))
-    bexp = torch.searchsorted(pend, torch.arange(blocks, device=idx.device) * bm, right=True)
-    bexp = torch.where(bexp < E, bexp, -1).to(torch.int32)
-    return rows[:-1], bexp
-
-FP4_DECODE = 2                                 # the grouped launches' decode (see _fp4_tile): PTX
-FP4_BM, FP4_BN_UP, FP4_BN_DOWN = 16, 128, 64   # tiles of the grouped launches (BN of the up launch is one act group)
-
-def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm: int = FP4_BM,
-                    bn_down: int = FP4_BN_DOWN, dec: int | None = None) -> torch.Tensor:
-    """The routed experts' sum, fp32 `[N, D]`, on tensor cores: pairs grouped by expert on the device, x `act_quant`ed
-    and back in bf16 (exact), one grouped launch for w1/w3 with the SwiGLU and h's quantisation fused, one for w2, and
-    a sum over each token's pairs. Sync-free (capturable) at any size."""
-    _check(x, weights, idx, st)
-    (N, D), k, (E, I) = x.shape, idx.shape[1], (st.w13.shape[0], st.w13.shape[1] // 2)
-    P = N * k
-    y = torch.zeros(P, D, dtype=torch.float32, device=x.device)
-    if P == 0: return y.view(N, k, D).sum(1)
-    rows, bexp = _align(idx, first, E, bm)
-    xq = act_dequant(*act_quant(x)).to(torch.bfloat16)
-    h = torch.empty(P, I, dtype=torch.bfloat16, device=x.device)
-    wt = weights.reshape(-1).float()
-    dec = FP4_DECODE if dec is None else dec
-    dec = min(dec, 1) if _INTERPRETED else dec
-    launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(I, FP4_BN_UP)), xq, k, rows, bexp, wt, st.w13,
-           st.s13.view(torch.uint8), h, D, I, I, float(limit), UP=True, BM=bm, BN=FP4_BN_UP, F32=_INTERPRETED, DEC=dec)
-    launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(D, bn_down)), h, 1, rows, bexp, wt, st.w2,
-           st.s2.view(torch.uint8), y, I, D, I, float(limit), UP=False, BM=bm, BN=bn_down, F32=_INTERPRETED, DEC=dec)
-    return y.view(N, k, D).sum(1)
-
-FP4_SMALL_PAIRS = 384     # up to 64 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
-FP4_WIDE_PAIRS = 4096     # from here the grouped launches take blocks of 64 pairs and 128-row down tiles
-
-def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
-    """The routed experts' sum, fp32 `[N, D]`, by the fastest measured path for the pair count: the two GEMV launches
-    for a decode step's few pairs, the grouped tensor-core launches above. Both are sync-free (a CUDA graph captures
-    them)."""
-    P = idx.numel()
-    if P <= FP4_SMALL_PAIRS: return fp4_moe_small(x, weights, idx, st, first, limit)
-    if P < FP4_WIDE_PAIRS: return fp4_moe_grouped(x, weights, idx, st, first, limit, 16, 64)
-    return fp4_moe_grouped(x, weights, idx, st, first, limit, 64, 128)
-
-def fp4_moe_layer(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, moe) -> torch.Tensor:
-    "`MoE.fp4`'s signature: `fp4_moe` on `moe`'s FP4 stacks (stacked on first use, restacked when stale)."
-    return fp4_moe(x, weights, idx, stack_fp4_experts(moe), moe.first, moe.experts[0].limit)
-
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0016
-@torch.no_grad()
-def fp4_moe_check(device: str | torch.device, dim: int = 256, inter: int = 128, seed: int = 0) -> str | None:
-    """`fp4_moe_small` once at a small random shape on `device` against the reference, launch by launch: None when
-    they agree, else what went wrong (a compile error too). The up launch's h must match `fp4_up_ref` to 1e-5 of its
-    magnitude, and the down launch, fed that same h, `fp4_down_ref` to 1e-5 of the output's: fp32 summation order."""
-    gen = torch.Generator().manual_seed(seed)
-    N, k, E, first, limit = 5, 2, 4, 2, 1.5
-    try:
-        x, weights, idx, st = fp4_case(N, k, E, dim, inter, first, 2 * E, gen)
-        idx[0] = torch.tensor([first, first + E])   # one pair inside the shard and one outside, whatever the draw
-        x, weights, idx = x.to(device), weights.to(device), idx.to(device)
-        st = FP4Stack(*(t.to(device) for t in (st.w13, st.s13, st.w2, st.s2)), ())
-        _check(x, weights, idx, st)
-        h_ref = fp4_up_ref(x, weights, idx, st, first, limit)
-        for t in (FP4_GEMV, dataclasses.replace(FP4_GEMV, prequant=not FP4_GEMV.prequant)):
-            h = fp4_up(x, weights, idx, st, first, limit, t)
-            y, y_ref = fp4_down(h, idx, st, first, t), fp4_down_ref(h, idx, st, first)
-            for name, a, b in (("h", h, h_ref), ("y", y, y_ref)):
-                err, tol = (a - b).abs().max().item(), 1e-5 * max(1e-30, b.abs().max().item())
-                if not err <= tol:                      # (a NaN fails too)
-                    return (f"fp4_moe's {name} differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g}, "
-                            f"{t})")
-        # the grouped launches end to end: besides fp32 summation order, an h value on an e4m3 rounding boundary may
-        # round the other way (tl.exp is not torch's exp), a change of one e4m3 step in one h value: 2% allows it,
-        # and a wrong expert, row or scale is off by far more
-        y, y_ref = fp4_moe_grouped(x, weights, idx, st, first, limit), fp4_moe_ref(x, weights, idx, st, first, limit)
-        err, tol = (y - y_ref).abs().max().item(), 2e-2 * max(1e-30, y_ref.abs().max().item())
-        if not err <= tol:
-            return f"fp4_moe_grouped differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
-    except Exception as e:                              # a compiler or launch error on this device: keep the loop
-        return f"{type(e).__name__}: {str(e)[:300]}"
-    return None
-
 def fp4_case(N: int, k: int, E: int, D: int, I: int, first: int, n_experts: int, gen: torch.Generator):
     """Random inputs for one case on the CPU: x `[N, D]` bf16, routing weights, idx `[N, k]` (k distinct global ids in
     `[0, n_experts)` a token) and the FP4 stacks of E experts, quantised from Gaussian weights by `quantize_fp4`."""

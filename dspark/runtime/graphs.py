@@ -19,7 +19,8 @@ import torch
 from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
 from ..kernels.fp8 import fp8_grouped_linear, fp8_linear, fp8_linear_check
-from ..kernels.fp4_moe import fp4_moe_check, fp4_moe_layer, stack_fp4_experts
+from ..kernels.fp4_grouped import fp4_moe_check, fp4_moe_layer
+from ..kernels.fp4_moe import stack_fp4_experts
 from ..kernels.fused import qkv_rope_insert_
 from ..kernels.round import window_triton
 from ..kernels.step import rms_norm_fused, router_fused, swiglu_fused
