@@ -1,6 +1,6 @@
 """What bounds the FP4 GEMV up launch (chapter 18b) at V4-Flash's expert shapes: the production kernel beside
-variants that each drop or change one part -- the decode, the conversion, the per-group sums, the tile -- at 1 and
-16 tokens, L2 cold (8 routings a timed graph). A variant that is much faster than the kernel names the part that
+variants that each drop or change one part -- the decode, the conversion, the per-group sums, the tile, the loop's
+software pipelining (`tl.range(..., num_stages)`) -- at 1 and 16 tokens, L2 cold (8 routings a timed graph). A variant that is much faster than the kernel names the part that
 costs. Variants that compute the same values are checked against the reference.
 
     OUT=. python benchmarks/scripts/fp4_bound_gpu.py     # H100/H200, about 2 minutes; writes $OUT/fp4_bound.json
@@ -29,13 +29,14 @@ def _fp32_nibbles(byte):
     return lo, hi
 
 @triton.jit
-def _variant_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, MODE: tl.constexpr):
+def _variant_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, MODE: tl.constexpr,
+                 STAGES: tl.constexpr):
     jb = tl.arange(0, KC // 2)
     w_rows = w_ptr + rows * (KT // 2)
     s_rows = s_ptr + rows * (KT // 32)
     acc = tl.zeros([ROWS], tl.float32)
     acc2 = tl.zeros([ROWS, KC // 2], tl.float32)
-    for off in range(0, KT, KC):
+    for off in tl.range(0, KT, KC, num_stages=STAGES):
         byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
         if MODE == 0:      # loads only: the bytes summed as integers
             acc += tl.sum(byte.to(tl.int32), 1).to(tl.float32)
@@ -54,7 +55,7 @@ def _variant_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.c
             part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
             sc = _scales(s_rows, off, rm, ROWS, KC) * 8.507059173023462e+37   # 2^126
             acc += tl.sum(part * sc, 1)
-        else:              # MODE 4: the production body without the activation quantisation (raw activations)
+        else:              # MODE 4: the production body on raw activations (as with activations quantised first)
             j = tl.arange(0, KC // 2)
             ae = tl.load(a_ptr + off + 2 * j).to(tl.float32)
             ao = tl.load(a_ptr + off + 2 * j + 1).to(tl.float32)
@@ -68,14 +69,15 @@ def _scales(s_rows, off, rm, ROWS: tl.constexpr, KC: tl.constexpr):
     return F.e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
 
 @triton.jit
-def _variant_up(x_ptr, idx_ptr, w13_ptr, s13_ptr, h_ptr, K, D, I, BN: tl.constexpr, KC: tl.constexpr, MODE: tl.constexpr):
+def _variant_up(x_ptr, idx_ptr, w13_ptr, s13_ptr, h_ptr, K, D, I, BN: tl.constexpr, KC: tl.constexpr, MODE: tl.constexpr,
+                STAGES: tl.constexpr):
     p = tl.program_id(0).to(tl.int64)
     n, j = p // K, p % K
     e = tl.load(idx_ptr + n * K + j).to(tl.int64)
     r = tl.arange(0, 2 * BN)
     i = tl.program_id(1) * BN + r // 2
     rows = e * 2 * I + (r % 2) * I + i
-    acc = _variant_dot(w13_ptr, s13_ptr, rows, i < I, x_ptr + n * D, D, 2 * BN, KC, MODE)
+    acc = _variant_dot(w13_ptr, s13_ptr, rows, i < I, x_ptr + n * D, D, 2 * BN, KC, MODE, STAGES)
     gate, up = tl.split(tl.reshape(acc, (BN, 2)))
     io = tl.program_id(1) * BN + tl.arange(0, BN)
     tl.store(h_ptr + p * I + io, gate / (1.0 + tl.exp(-gate)) * up, mask=io < I)
@@ -97,20 +99,24 @@ for N in (1, 16):
     hit = sum(r[2].unique().numel() for r in rs) / R
     ref_h = F.fp4_up(*rs[0], st, 0, 1e30)
     prod = lambda x, w, i: F.fp4_up(x, w, i, st, 0, LIMIT)
-    cases = [("production", None, 16, 256, 4)]
+    cases = [("production", None, 16, 256, 4, None)]
     for mode in range(5):
         for bn, kc, wp in ((16, 256, 4), (32, 512, 8)):
-            cases.append((f"mode{mode}", mode, bn, kc, wp))
-    cases += [("production", None, 32, 512, 8), ("production", None, 8, 512, 4), ("production", None, 16, 512, 8)]
-    for name, mode, bn, kc, wp in cases:
+            cases.append((f"mode{mode}", mode, bn, kc, wp, None))
+    for stages in (2, 3, 4):                 # the loop software-pipelined: more weight bytes in flight a program
+        for mode in (0, 4):
+            cases.append((f"mode{mode}_stages{stages}", mode, 16, 256, 4, stages))
+    cases += [("production", None, 32, 512, 8, None), ("production", None, 8, 512, 4, None), ("production", None, 16, 512, 8, None)]
+    for name, mode, bn, kc, wp, stages in cases:
         try:
             if mode is None:
                 t = F.GemvTiles(up_bn=bn, up_kc=kc, up_warps=wp)
                 fn = lambda x, w, i, t=t: F.fp4_up(x, w, i, st, 0, LIMIT, t)
             else:
-                def fn(x, w, i, mode=mode, bn=bn, kc=kc, wp=wp):
+                def fn(x, w, i, mode=mode, bn=bn, kc=kc, wp=wp, stages=stages):
                     h = torch.empty(N * K, I, device="cuda")
-                    _variant_up[(N * K, I // bn)](x, i, st.w13, st.s13.view(torch.uint8), h, K, D, I, BN=bn, KC=kc, MODE=mode, num_warps=wp)
+                    _variant_up[(N * K, I // bn)](x, i, st.w13, st.s13.view(torch.uint8), h, K, D, I, BN=bn, KC=kc, MODE=mode,
+                                                  STAGES=stages, num_warps=wp)
                     return h
             us = us_per_call(fn, rs)
             row = {"N": N, "case": name, "bn": bn, "kc": kc, "warps": wp, "us": round(us, 2), "TB_s": round(hit * UP_BYTES / us / 1e6, 3)}
