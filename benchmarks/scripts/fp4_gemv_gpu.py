@@ -1,11 +1,12 @@
 """Chapter 18b's FP4 GEMV launches against the grouped tensor-core launches of chapter 18c (each with the Triton and the PTX decode: grouped_dec1, grouped_dec2), at V4-Flash's expert shapes (D 4096, I 2048, 256 experts, top-6) on the GPU: the PTX decode against the
 arithmetic one for all 256 bytes, parity of every configuration with the reference, and µs a call with the L2 cold
 (each timed graph replays the call over 8 routings of distinct experts). TB/s counts the selected experts' codes and
-scales read (distinct experts hit).
+scales read (distinct experts hit). The `gemv` rows are the launches as shipped (activations quantised first); the
+record of commit cc0f89c calls those `gemv_prequant` and its `gemv` rows quantise in every program.
 
     OUT=. python benchmarks/scripts/fp4_gemv_gpu.py      # H100/H200, about 4 minutes; writes $OUT/fp4_gemv.json
 """
-import dataclasses, itertools, json, os, sys, time, traceback
+import itertools, json, os, sys, time, traceback
 from pathlib import Path
 
 import torch
@@ -109,12 +110,6 @@ for N in (1, 16):
         r = guarded("arith", lambda: {"case": "gemv_other_decode", "N": N, "asm": not ASM, "up_us": round(us_per_call(lambda x, w, i: F.fp4_up(x, w, i, st, 0, LIMIT, ta), rs), 2),
                                       "down_us": round(us_per_call(lambda h, i: F.fp4_down(h, i, st, 0, ta), hs), 2)})
         if r: row(r)
-        tp = F.GemvTiles(bu["bn"], bu["kc"], bu["warps"], bd["bn"], bd["kc"], bd["warps"], ASM, prequant=True)
-        r = guarded("prequant", lambda: {"case": "gemv_prequant", "N": N, "up_us": round(us_per_call(lambda x, w, i: F.fp4_up(x, w, i, st, 0, LIMIT, tp), rs), 2),
-                                         "down_us": round(us_per_call(lambda h, i: F.fp4_down(h, i, st, 0, tp), hs), 2),
-                                         "up_rel_err": rel(F.fp4_up(x[:4], w[:4], idx[:4], st, 0, LIMIT, tp), h_ref),
-                                         "down_rel_err": rel(F.fp4_down(h_ref, idx[:4], st, 0, tp), y_ref)})
-        if r: row(r)
         row({"case": "best_tiles", "N": N, "tiles": best[N].__dict__, "up_us": bu["us"], "down_us": bd["us"]})
     del hs, rs
 print(f"sweep done in {time.time() - t0:.0f} s", flush=True)
@@ -126,7 +121,6 @@ for N in (1, 4, 16, 32, 64, 256):
     x, w, idx = rs[0]
     ref = F.fp4_moe_ref(x[:4], w[:4], idx[:4], st, 0, LIMIT)
     paths = {"gemv": lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, tiles)}
-    paths["gemv_prequant"] = lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, dataclasses.replace(tiles, prequant=True))
     if 1 in best: paths["gemv_n1tiles"] = lambda x, w, i: F.fp4_moe_small(x, w, i, st, 0, LIMIT, best[1])
     for asm in (False, True):
         paths[f"grouped_dec{1 + asm}"] = lambda x, w, i, asm=asm: fp4_moe_grouped(x, w, i, st, 0, LIMIT, 16 if N < 512 else 64, 64 if N < 512 else 128, asm=asm)

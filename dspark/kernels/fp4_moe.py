@@ -7,7 +7,6 @@ Docs: https://dspark-dev.github.io/dspark/kernels_fp4_moe.html.md"""
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0003
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # bf16 tl.dot and inl
 
 # %% auto #0
 __all__ = ['FP4_GEMV', 'FP4Stack', 'stack_fp4_experts', 'local_ids', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'e4m3',
-           'act_scale_exp', 'pow2', 'e8m0', 'nibbles', 'GemvTiles', 'check_moe_args', 'fp4_up', 'fp4_down',
+           'act_scale_exp', 'pow2', 'e8m0', 'nibbles', 'GemvTiles', 'check_moe_args', 'act_rows', 'fp4_up', 'fp4_down',
            'fp4_moe_small', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
@@ -195,20 +194,26 @@ def _act_rows_kernel(x_ptr, s_x, q_ptr, K):
     tl.store(q_ptr + r * K + off + 2 * j + 1, qo)
 
 @triton.jit
-def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr,
-                  PREQ: tl.constexpr):
-    """`[ROWS]` fp32: FP4 rows `rows` of a stack (`KT` inputs a row) against the `KT` activations at `a_ptr`,
-    `act_quant`ed on the fly (PREQ: already, fp32), `KC` inputs an iteration. Per 32-input group the products are
-    summed, then multiplied by the group's scale (times 2^14, undoing the decode's factor: exact)."""
+def _pair_expert(idx_ptr, s_in, s_ik, K, first, E):
+    """Program axis 0 is a (token, slot) pair: `(pair, token, slot, local expert, inside)`; a pair outside the shard
+    `[first, first + E)` gets expert 0 (an address inside the stacks) and `inside` false."""
+    p = tl.program_id(0).to(tl.int64)
+    n, j = p // K, p % K
+    e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
+    inside = (e >= 0) & (e < E)
+    return p, n, j, tl.where(inside, e, 0), inside
+
+@triton.jit
+def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+    """`[ROWS]` fp32: FP4 rows `rows` of a stack (`KT` inputs a row) against the `KT` activations at `a_ptr`, already
+    `act_quant`ed and back (fp32), `KC` inputs an iteration. Per 32-input group the products are summed, then
+    multiplied by the group's scale (times 2^14, undoing the decode's factor: exact)."""
     jb = tl.arange(0, KC // 2)
     w_rows = w_ptr + rows * (KT // 2)
     s_rows = s_ptr + rows * (KT // 32)
     acc = tl.zeros([ROWS], tl.float32)
     for off in range(0, KT, KC):
-        if PREQ:
-            ae, ao = tl.load(a_ptr + off + 2 * jb), tl.load(a_ptr + off + 2 * jb + 1)
-        else:
-            ae, ao = _act_chunk(a_ptr + off, KC)
+        ae, ao = tl.load(a_ptr + off + 2 * jb), tl.load(a_ptr + off + 2 * jb + 1)
         byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
         lo, hi = nibbles(byte, ASM)
         part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
@@ -218,20 +223,17 @@ def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.
 
 @triton.jit
 def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13_ptr, h_ptr, K, D, I, E,
-                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr, PREQ: tl.constexpr):
+                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
     """Program (pair, block): rows `block · BN …` of the pair's gate (w1) and up (w3) projections, read as `2 · BN`
-    interleaved rows of w13 in one pass over D, then the clamped SwiGLU times the routing weight, fp32 into `h`."""
-    p = tl.program_id(0).to(tl.int64)
-    n, j = p // K, p % K
-    e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
-    inside = (e >= 0) & (e < E)
-    e = tl.where(inside, e, 0)
+    interleaved rows of w13 in one pass over D, then the clamped SwiGLU times the routing weight, fp32 into `h`.
+    `x` is already `act_quant`ed and back, fp32."""
+    p, n, j, e, inside = _pair_expert(idx_ptr, s_in, s_ik, K, first, E)
     wt = tl.load(wt_ptr + n * s_wn + j * s_wk).to(tl.float32)
     r = tl.arange(0, 2 * BN)
     i = tl.program_id(1) * BN + r // 2
     rows = e * 2 * I + (r % 2) * I + i                 # even r: gate row i; odd r: up row i
     rm = i < tl.where(inside, I, 0)
-    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM, PREQ)
+    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM)
     gate, up = tl.split(tl.reshape(acc, (BN, 2)))
     gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
     up = tl.clamp(up, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
@@ -241,16 +243,13 @@ def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr
 
 @triton.jit
 def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I, E, first, BN: tl.constexpr,
-                     KC: tl.constexpr, ASM: tl.constexpr, PREQ: tl.constexpr):
-    "Program (pair, block): rows `block · BN …` of the pair's down projection, fp32 into `yp [N·k, D]`."
-    p = tl.program_id(0).to(tl.int64)
-    n, j = p // K, p % K
-    e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
-    inside = (e >= 0) & (e < E)
-    e = tl.where(inside, e, 0)
+                     KC: tl.constexpr, ASM: tl.constexpr):
+    """Program (pair, block): rows `block · BN …` of the pair's down projection from its h (already `act_quant`ed and
+    back), fp32 into `yp [N·k, D]`."""
+    p, _, _, e, inside = _pair_expert(idx_ptr, s_in, s_ik, K, first, E)
     d = tl.program_id(1) * BN + tl.arange(0, BN)
     rm = d < tl.where(inside, D, 0)
-    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM, PREQ)
+    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM)
     tl.store(yp_ptr + p * D + d, acc, mask=d < D)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0012
@@ -264,9 +263,8 @@ class GemvTiles:
     down_kc: int = 256
     down_warps: int = 4
     asm: bool = True
-    prequant: bool = True    # activations quantised by one launch before each GEMV instead of in every program
 
-FP4_GEMV = GemvTiles()   # the H100 sweep's best at 16 tokens, activations quantised first (fp4_gemv_gpu.py)
+FP4_GEMV = GemvTiles()   # the H100 sweep's best at 16 tokens (benchmarks/scripts/fp4_gemv_gpu.py)
 
 def check_moe_args(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st: FP4Stack) -> None:
     "Raise a ValueError naming what is wrong: a bad shape inside a kernel would read the wrong memory, not fail."
@@ -283,7 +281,7 @@ def check_moe_args(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, st
     if any(not t.is_contiguous() for t in (st.w13, st.s13, st.w2, st.s2)) or x.stride(-1) != 1:
         raise ValueError("fp4_moe: the stacks must be contiguous and x unit-stride in its last dim")
 
-def _act_rows(a: torch.Tensor) -> torch.Tensor:
+def act_rows(a: torch.Tensor) -> torch.Tensor:
     "`act_dequant(*act_quant(a))` in fp32, `[rows, K]`, by one launch (exact: an e4m3 value times a power of two)."
     R, K = a.shape
     q = torch.empty(R, K, dtype=torch.float32, device=a.device)
@@ -298,10 +296,10 @@ def fp4_up(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles
     if N * k == 0: return h
     kc = t.up_kc
     while D % kc: kc //= 2
-    if t.prequant: x = _act_rows(x)
+    x = act_rows(x)
     launch(_fp4_up_kernel, (N * k, triton.cdiv(I, t.up_bn)), x, x.stride(0), weights, weights.stride(0),
            weights.stride(1), idx, idx.stride(0), idx.stride(1), st.w13, st.s13.view(torch.uint8), h, k, D, I, E,
-           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED, PREQ=t.prequant,
+           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED,
            num_warps=t.up_warps)
     return h
 
@@ -313,10 +311,9 @@ def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, t: Ge
     kc = t.down_kc
     while I % kc: kc //= 2
     if N * k > 0:
-        hq = _act_rows(h) if t.prequant else h
-        launch(_fp4_down_kernel, (N * k, triton.cdiv(D, t.down_bn)), hq, idx, idx.stride(0), idx.stride(1), st.w2,
+        launch(_fp4_down_kernel, (N * k, triton.cdiv(D, t.down_bn)), act_rows(h), idx, idx.stride(0), idx.stride(1), st.w2,
                st.s2.view(torch.uint8), yp, k, D, I, E, first, BN=t.down_bn, KC=kc,
-               ASM=t.asm and not _INTERPRETED, PREQ=t.prequant, num_warps=t.down_warps)
+               ASM=t.asm and not _INTERPRETED, num_warps=t.down_warps)
     return yp.view(N, k, D).sum(1)
 
 def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
