@@ -4,6 +4,8 @@ embedded model's JSON is at least the unmasked drafter's. (The distribution orac
 `test_structured.test_speculative_samples_the_constrained_target`.)"""
 import json
 
+import numpy as np
+
 import jsonschema
 import llguidance as llg
 import pytest
@@ -64,3 +66,41 @@ def test_masked_drafts_are_grammatical_and_accepted_longer(llm, temperature):
     assert got[False]["forbidden"] > 0                                       # ... which unmasked drafts are not
     assert got[True]["mean_acceptance_length"] >= got[False]["mean_acceptance_length"]
     if temperature == 0: assert got[True]["texts"] == got[False]["texts"]   # greedy: lossless either way
+
+
+@pytest.mark.slow
+def test_verification_takes_the_walks_masks_and_they_equal_fresh_ones(llm, monkeypatch):
+    """Each round's verify masks come from the draft walk that made its drafts (`DraftWalk.close` leaves them), and
+    they equal the masks walked afresh from the committed tokens; six requests make the walk compute its masks on
+    llguidance's thread pool."""
+    from dspark.sample.structured import Grammars
+    g, hits, fresh = llm.engine.runner.grammars, [], Grammars(llm.engine.tokenizer, llm.engine.runner.grammars.V)
+    words = Grammars.mask_words
+    def check(self, r, drafts):
+        got, cached = words(self, r, drafts), self.walked.get(r.request_id)
+        hit = cached is not None and cached[0] == len(r.output_ids) and len(cached[2]) > len(drafts)
+        hits.append(hit)
+        assert np.array_equal(got, words(fresh, r, drafts)), (r.request_id, len(r.output_ids), drafts)
+        return got
+    monkeypatch.setattr(Grammars, "mask_words", check)
+    for temperature in (0.0, 1.0):
+        outs, d, seen = _run(llm, True, temperature)
+        assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+    assert sum(hits) > len(hits) // 2 and len(seen) > 0
+    assert g.walked == {}                                   # finished requests leave nothing behind
+
+
+@pytest.mark.slow
+def test_the_hidden_step_buffers_give_the_eager_drafts(llm):
+    """The masked draft step's buffer layout (`DraftGraphs(masked=True)`, run eagerly with `capture=False`):
+    constrained requests, greedy and sampled, get the tokens the eager masked proposer gives them."""
+    from dspark.runtime.graphs import DraftGraphs
+    pr = llm.engine.runner.proposer
+    sp = [SamplingParams(temperature=t, max_tokens=40, seed=s, structured_outputs={"json": SCHEMA})
+          for s, t in enumerate([0.0, 1.0, 1.0, 0.0, 1.0])]
+    prompts = ["Data:", "x = ", "{", "def f():", "Config:"]
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    before, pr.graphs = pr.graphs, DraftGraphs(pr, 8, capture=False, masked=True)
+    try: got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    finally: replays, pr.graphs = pr.graphs.replays, before
+    assert got == want and replays > 0

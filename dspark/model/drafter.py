@@ -289,10 +289,17 @@ class DSparkDrafter(nn.Module):
                        rp: RowParams, allowed: Callable, slots: torch.Tensor | None = None):
         """`propose_rows` from a masked view: `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool
         on the device, once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to
-        stop. The mask applies to the Markov-corrected logits before each request's temperature, top-k and top-p,
-        so `q` is the masked, renormalised distribution its draft is drawn from (one-hot on the allowed argmax on
-        greedy rows). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n` positions run."""
-        h = self.block_hidden(anchors, P, rows, valid, slots)
+        stop (`markov_masked`). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n`
+        positions run."""
+        return self.markov_masked(self.block_hidden(anchors, P, rows, valid, slots), anchors, P, n, rp, allowed)
+
+    @torch.no_grad()
+    def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
+                      allowed: Callable):
+        """The masked Markov loop over block hidden states `h [R, γ, D]` (`block_hidden`, or its captured step). The
+        mask applies to the Markov-corrected logits before each request's temperature, top-k and top-p, so `q` is
+        the masked, renormalised distribution its draft is drawn from (one-hot on the allowed argmax on greedy
+        rows). Eager, one device-to-host copy a position: the grammar needs each draft before it masks the next."""
         U, mh, prev, qs = self.base_logits(h), self.last.markov_head, [anchors], []
         for k in range(min(n, self.block_size)):
             ok = allowed(k, prev[-1].tolist() if k else None)          # the grammar needs the last draft on the host

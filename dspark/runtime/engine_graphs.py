@@ -29,7 +29,7 @@ def graphs_for_runner(runner, max_num_seqs: int, ragged_tokens: int = 0) -> Grap
         pr.drafter.mhc = fast_path(pr.drafter)
     free0 = free_bytes()
     if pr is not None and pr.draft_tensors is not None:   # DSpark: its greedy draft step
-        try: pr.graphs = DraftGraphs(pr, max_num_seqs)
+        try: pr.graphs = DraftGraphs(pr, max_num_seqs, masked=runner.grammars is not None)
         except RuntimeError as e:                      # still correct without: the batched eager draft step
             log.warning("DSpark draft step not captured (%s: %s); drafting eagerly", type(e).__name__, e)
     elif pr is not None and pr.propose_graphed is not None:   # MTP: its greedy drafting (chapter 24)

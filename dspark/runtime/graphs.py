@@ -248,9 +248,11 @@ class DraftGraphs:
     """CUDA graphs of the DSpark draft step for the block size's drafts, one per request-count bucket: the greedy
     step (`DSparkProposer.draft_tensors`), and the sampled step (`draft_rows`) with and without top-k/top-p,
     whose per-request settings are persistent buffers and whose draft distributions are written into the
-    proposer's `q` inside the graph, where the next step's verification reads them. `capture=False` runs the
-    same steps eagerly on the same buffers (CPU tests of the buffer layout and padding)."""
-    def __init__(self, proposer, max_num_seqs: int, capture: bool = True):
+    proposer's `q` inside the graph, where the next step's verification reads them. With `masked`, also the step's
+    part before its Markov loop (`hidden`: the block hidden states), for structured-outputs requests, whose loop
+    runs eagerly beside their grammars. `capture=False` runs the same steps eagerly on the same buffers (CPU tests
+    of the buffer layout and padding)."""
+    def __init__(self, proposer, max_num_seqs: int, capture: bool = True, masked: bool = False):
         self.pr, self.K = proposer, proposer.drafter.block_size
         dev = proposer.ctx.pos.device
         z = lambda dt, v=0: torch.full((max_num_seqs,), v, dtype=dt, device=dev)
@@ -264,6 +266,9 @@ class DraftGraphs:
         sampled = lambda filtered: lambda n: proposer.draft_rows(self.slots[:n], self.anchors[:n], self.P[:n], self.K,
                                                                  self._params(n, filtered))
         self.graphs, self.sampled_graphs = self._capture(greedy), {f: self._capture(sampled(f)) for f in (False, True)}
+        hidden = lambda n: proposer.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
+        self.masked = masked
+        self.hidden_graphs = self._capture(hidden) if masked else None
 
     def _params(self, n: int, filtered: bool) -> RowParams:
         "The buffers' first `n` rows as `RowParams` (greedy rows possible: their drafts are the argmax)."
@@ -307,6 +312,16 @@ class DraftGraphs:
         "Replay the sampled step for requests of any settings (`params`, `seeds`); the same outputs as `__call__`."
         filtered = any(sp.top_k != -1 or sp.top_p < 1.0 for sp in params)
         return self._replay(self.sampled_graphs[filtered], len(slots), self._fill(slots, anchors, P, (params, seeds)))
+
+    def hidden(self, slots: list[int], anchors: list[int], P: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the step's part before its Markov loop (`masked` graphs): the block hidden states `[R, γ, D]` and
+        whether each context window is complete `[R]`, on the device, valid until the next replay."""
+        g, out = self.hidden_graphs[n := self._fill(slots, anchors, P, None)]
+        if g is None: out = out(n)
+        else: g.replay()
+        self.replays += 1
+        h, complete = out
+        return h[:len(slots)], complete[:len(slots)]
 
     def launch(self, slots: list[int], anchors: list[int], P: list[int]) -> DraftStep:
         """Replay the greedy step and queue its outputs' copy to the host behind it, reading nothing: the host goes

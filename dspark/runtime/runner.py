@@ -185,10 +185,13 @@ class ModelRunner:
         ints = on_device([[s + min(j, k) for j in range(K + 1)] + [k, r.num_tokens] + (r.drafts[:k] + [0] * (K - k))
                           for (r, k, _), s in zip(items, start)], torch.long, dev)
         rp = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev)
-        p = row_probs(flat[ints[:, :K + 1].reshape(-1)], rp.repeat(K + 1)).view(len(items), K + 1, V)
-        if any(r.params.processed for r in reqs):                  # chapter 02a: each verify row with its own history
+        x = flat[ints[:, :K + 1].reshape(-1)]
+        if gram := [i for i, r in enumerate(reqs) if r.params.structured_outputs is not None and not r.params.logit_processors]:
+            self._mask_rounds(x.view(len(items), K + 1, V), [items[i] for i in gram], gram, K)   # grammar only: batched
+        p = row_probs(x, rp.repeat(K + 1)).view(len(items), K + 1, V)
+        if any(r.params.logit_processors for r in reqs):           # chapter 02a: each verify row with its own history
             for i, (r, k, rows) in enumerate(items):
-                if not r.params.processed: continue
+                if not r.params.logit_processors: continue
                 hist = round_histories(r.prompt_ids, r.output_ids, r.drafts[:k], k + 1)
                 allowed = None if r.params.structured_outputs is None else self._grammars().masks(r, r.drafts[:k])
                 p[i] = processed_probs(rows[:k + 1], r.params, hist, r.stop_ids, allowed)[torch.arange(K + 1, device=p.device).clamp(max=k)]
@@ -207,6 +210,16 @@ class ModelRunner:
             lp = None if r.params.logprobs is None else [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)]
             out[r.request_id] = (k, a, toks, lp)
         return out
+
+    def _mask_rounds(self, x: torch.Tensor, items: list, at: list[int], K: int) -> None:
+        """Mask in place the verify rows `x [R, K + 1, V]` of the grammar-constrained requests `items` (at batch rows
+        `at`) by their grammars (chapter 02b): one copy of packed masks and one fill for all of them. With masked
+        drafting the masks are the ones the draft walk left."""
+        allowed = self._grammars().round_masks([r for r, *_ in items], [r.drafts[:k] for r, k, _ in items], K + 1, x.device)
+        if len(at) == len(x): x.masked_fill_(~allowed, float("-inf"))
+        else:
+            sel = on_device(at, torch.long, x.device)
+            x[sel] = x[sel].masked_fill(~allowed, float("-inf"))
 
     def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor] | None,
                       seqs: list[SeqView] | None, rd=None):

@@ -103,9 +103,14 @@ class SamplingParams:
 
     @property
     def processed(self) -> bool:
-        "Whether any of vLLM's logit processors (chapter 02a) is on: such a request leaves every fused fast path."
+        "Whether any of vLLM's logit processors (chapter 02a) or a grammar is on: such a request leaves every fused fast path."
+        return self.logit_processors or self.structured_outputs is not None
+
+    @property
+    def logit_processors(self) -> bool:
+        "Whether any of vLLM's history-dependent logit processors (chapter 02a) is on, a grammar not counted."
         return bool(self.logit_bias or self.min_tokens or self.min_p or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0 or self.structured_outputs is not None)
+                    or self.repetition_penalty != 1.0)
 
     def check_vocab(self, vocab_size: int) -> None:
         "A `ValueError` naming the field for token ids the model does not have (the engine calls it on arrival)."

@@ -58,10 +58,27 @@ def grammar_of(spec: dict) -> str:
     except ValueError as e: raise ValueError(str(e) if str(e).startswith(kind) else f"{kind}: {e}") from None
 
 # %% ../../nbs/02b_structured.ipynb #b7e1c003
-def unpack_masks(words: np.ndarray, V: int) -> torch.Tensor:
-    "llguidance's bitmasks `[N, W]` int32 (bit `t % 32` of word `t // 32`: token `t` allowed) as bools `[N, V]`."
+def unpack_masks(words: np.ndarray, V: int, device=None) -> torch.Tensor:
+    """llguidance's bitmasks `[N, W]` int32 (bit `t % 32` of word `t // 32`: token `t` allowed) as bools `[N, V]` on
+    `device` (the host when None). To a GPU the packed words travel, 32 times fewer bytes than the bools, through
+    pinned memory without waiting for the queued work, and three launches unpack them there."""
+    if device is not None and torch.device(device).type == "cuda":
+        w = torch.from_numpy(np.ascontiguousarray(words)).pin_memory().to(device, non_blocking=True)
+        bits = (w[:, :, None] >> torch.arange(32, dtype=torch.int32, device=device)) & 1
+        return bits.view(w.shape[0], -1)[:, :V].bool()
     bits = np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=-1, bitorder="little")
-    return torch.from_numpy(bits[:, :V].astype(bool))
+    out = torch.from_numpy(bits[:, :V].astype(bool))
+    return out if device is None else out.to(device)
+
+def _eos_only(row: np.ndarray, eos: int) -> None:
+    "Make `row` (one mask's words) allow the end of sequence alone: a complete grammar's mask."
+    row[:] = 0
+    row[eos // 32] = np.array([1 << eos % 32], dtype=np.uint32).view(np.int32)[0]
+
+def _any_below(row: np.ndarray, V: int) -> bool:
+    "Whether the mask `row` allows any token id below `V` (the model's vocabulary; the tokenizer's may be larger)."
+    w, full = row.view(np.uint32), V // 32
+    return bool(w[:full].any() or (V % 32 and int(w[full]) & ((1 << V % 32) - 1)))
 
 class Grammars:
     """The grammar state of every constrained request: one llguidance matcher per request, kept in step with its
@@ -69,10 +86,13 @@ class Grammars:
     writer of request state). `masks(r, drafts)` gives the allowed tokens of a verify round's rows: row `j` after
     the committed tokens and `drafts[:j]`. A draft the grammar forbids ends the walk there: the rows after it copy
     its row (they are never used, since that draft has target probability 0 and is rejected). Once the grammar is
-    complete the only allowed token is the end of sequence."""
+    complete the only allowed token is the end of sequence. A round drafted from the masked view (`walk`) has
+    computed every row but the last already: its walk leaves them here (`walked`), and the verification that
+    follows takes them instead of walking again. Masks of several matchers are computed on llguidance's threads."""
     def __init__(self, tokenizer, vocab_size: int):
         self.source, self.V, self.live = tokenizer, vocab_size, {}   # request id -> (matcher, committed tokens it has seen)
-        self.eos, self._tok = tokenizer.eos_token_id, None
+        self.eos, self._tok, self._pool = tokenizer.eos_token_id, None, None
+        self.walked: dict[str, tuple[int, list[int], np.ndarray]] = {}   # id -> (committed, drafts, their round's words)
 
     @property
     def tok(self) -> llg.LLTokenizer:
@@ -81,8 +101,21 @@ class Grammars:
             if self.eos is None: raise ValueError("structured outputs need a tokenizer with an end-of-sequence token")
             n = max(self.V, self.source.tok.get_vocab_size(with_added_tokens=True))
             self._tok = llg.LLTokenizer(self.source.tok.to_str(), n_vocab=n, eos_token=self.eos)
-            self.W = (n + 31) // 32
+            self._W = (n + 31) // 32
         return self._tok
+
+    @property
+    def W(self) -> int:
+        "32-bit words in one mask: llguidance's vocabulary (at least the model's) over 32."
+        return self.tok and self._W
+
+    def compute(self, ms: list, words: np.ndarray, rows: list[int]) -> None:
+        """The masks of matchers `ms` into rows `rows` of `words` (C-contiguous `[N, W]` int32): one call for one
+        matcher, else one call that spreads them over llguidance's thread pool (made at first use)."""
+        if len(ms) == 1: ms[0].unsafe_compute_mask_ptr(words[rows[0]].ctypes.data, words[rows[0]].nbytes)
+        elif ms:
+            if self._pool is None: self._pool = llg.LLExecutor()
+            self._pool.unsafe_compute_mask_ptr(list(zip(ms, rows)), words.ctypes.data, words[0].nbytes, len(words))
 
     def _matcher(self, r) -> llg.LLMatcher:
         m, seen = self.live.get(r.request_id, (None, 0))
@@ -95,19 +128,35 @@ class Grammars:
         self.live[r.request_id] = (m, len(r.output_ids))
         return m
 
-    def masks(self, r, drafts: list[int]) -> torch.Tensor:
-        "Allowed tokens `[len(drafts) + 1, V]` (bool) of a round's verify rows."
-        m, k = self._matcher(r), len(drafts)
+    def mask_words(self, r, drafts: list[int]) -> np.ndarray:
+        "`masks` as llguidance's words `[len(drafts) + 1, W]`: the rows its last draft walk left when they fit."
+        k, got = len(drafts), self.walked.get(r.request_id)
+        if got is not None and got[0] == len(r.output_ids) and len(got[2]) > k and got[1][:k] == list(drafts):
+            return got[2][:k + 1]
+        m = self._matcher(r)
         if k: m = m.deep_copy()                     # the drafts go to a copy (5 µs; rolling back past an eos misparses)
         words = np.zeros((k + 1, self.W), dtype=np.int32)
         for j in range(k + 1):
-            if m.is_stopped(): words[j, self.eos // 32] = np.int32(np.uint32(1 << self.eos % 32).view(np.int32))
+            if m.is_stopped(): _eos_only(words[j], self.eos)
             else: m.unsafe_compute_mask_ptr(words[j].ctypes.data, words[j].nbytes)
             if j == k or m.is_stopped(): continue
             d = drafts[j]
             if d >= self.V or not (int(words[j, d // 32]) >> (d % 32)) & 1 or not m.consume_token(d):
                 words[j + 1:] = words[j]; break
-        return unpack_masks(words, self.V)
+        return words
+
+    def masks(self, r, drafts: list[int]) -> torch.Tensor:
+        "Allowed tokens `[len(drafts) + 1, V]` (bool) of a round's verify rows."
+        return unpack_masks(self.mask_words(r, drafts), self.V)
+
+    def round_masks(self, reqs: list, drafts: list[list[int]], rows: int, device) -> torch.Tensor:
+        """`masks` of a step's constrained requests at once, each padded to `rows` rows by repeating its last (rows
+        past a request's drafts are never read): `[R, rows, V]` bool on `device`, one copy and one unpack."""
+        words = np.empty((len(reqs), rows, self.W), dtype=np.int32)
+        for i, (r, d) in enumerate(zip(reqs, drafts)):
+            w = self.mask_words(r, d)
+            words[i, :len(w)], words[i, len(w):] = w, w[-1]
+        return unpack_masks(words.reshape(-1, self.W), self.V, device).view(len(reqs), rows, -1)
 
     def walk(self, reqs: list, toks: list[list[int]], n: list[int], device) -> DraftWalk:
         "A `DraftWalk` of `reqs`, each after its committed tokens and `toks[i]`, drafting at most `n[i]` tokens."
@@ -115,6 +164,7 @@ class Grammars:
 
     def forget(self, request_id: str) -> None:
         self.live.pop(request_id, None)
+        self.walked.pop(request_id, None)
 
 class DraftWalk:
     """The grammars of a batch of constrained requests walked along the drafts the drafter is making (masked
@@ -123,26 +173,50 @@ class DraftWalk:
     None at `k = 0`) and returns the tokens position `k` allows, `[R, V]` bool on `device`, or None once no request
     drafts further. Request `i`'s draft ends at position `k` (`n[i]` becomes `k`) at its room, when its grammar is
     complete (only the end of sequence is left: the target's row gives it without a draft) or allows no token of the
-    model's vocabulary; its later rows allow every token, and what is drawn from them is dropped."""
+    model's vocabulary; its later rows allow every token, and what is drawn from them is dropped. `close(drafts)`
+    ends the walk: each matcher takes its last draft, and every request's masks, with the one after all its drafts,
+    are left to `Grammars.masks` for the round's verification."""
     def __init__(self, grammars: Grammars, reqs: list, toks: list[list[int]], n: list[int], device):
-        self.V, self.n, self.device = grammars.V, list(n), device
+        self.g, self.V, self.n, self.device = grammars, grammars.V, list(n), device
+        self.rids = [r.request_id for r in reqs]
+        self.start = [len(r.output_ids) + len(t) for r, t in zip(reqs, toks)]
         self.ms = [grammars._matcher(r).deep_copy() for r in reqs]
         for i, (m, ts) in enumerate(zip(self.ms, toks)):
             for t in ts:
                 if not (m.is_stopped() and t == grammars.eos) and not m.consume_token(t): self.n[i] = 0; break
         self.words = np.zeros((len(reqs), grammars.W), dtype=np.int32)
+        self.rows = [[] for _ in reqs]              # each request's masks, position by position
+        self.took = [0] * len(reqs)                 # drafts each matcher has taken
+        self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
 
     def __call__(self, k: int, last: list[int] | None) -> torch.Tensor | None:
         words, live = self.words, []
         words[:] = -1                                                        # every token, for rows that have ended
         for i, m in enumerate(self.ms):
             if k >= self.n[i]: continue
-            if last is not None and not m.consume_token(last[i]): self.n[i] = k; continue   # drawn from its mask
+            if last is not None:
+                if not m.consume_token(last[i]): self.n[i], self.ok[i] = k, False; continue   # drawn from its mask
+                self.took[i] = k
             if m.is_stopped(): self.n[i] = k; continue
-            m.unsafe_compute_mask_ptr(words[i].ctypes.data, words[i].nbytes)
             live.append(i)
-        if not live: return None
-        allowed = unpack_masks(words, self.V)
-        for i in live:
-            if not allowed[i].any(): self.n[i] = k; allowed[i] = True      # nothing of this vocabulary: stop here
-        return allowed.to(self.device) if any(k < self.n[i] for i in live) else None
+        self.g.compute([self.ms[i] for i in live], words, live)
+        for i in list(live):
+            if _any_below(words[i], self.V): self.rows[i].append(words[i].copy())
+            else: self.n[i] = k; words[i] = -1; live.remove(i)               # nothing of this vocabulary: stop here
+        return unpack_masks(words, self.V, self.device) if live else None
+
+    def close(self, drafts: list[list[int]]) -> None:
+        """After the drafter's loop, given each request's drafts (at least its `n[i]`): the matchers take the drafts
+        they have not seen, and each request's rows, with the mask after all its drafts, go to `Grammars.walked`."""
+        need, words = [], np.zeros((len(self.ms), self.words.shape[1]), dtype=np.int32)
+        for i, m in enumerate(self.ms):
+            if not self.ok[i]: continue
+            for t in drafts[i][self.took[i]:self.n[i]]:
+                if not m.consume_token(t): self.ok[i] = False; break
+            if not self.ok[i]: continue
+            if m.is_stopped(): _eos_only(words[i], self.g.eos)
+            else: need.append(i)
+        self.g.compute([self.ms[i] for i in need], words, need)
+        for i, rid in enumerate(self.rids):
+            if self.ok[i]: self.g.walked[rid] = (self.start[i], list(drafts[i][:self.n[i]]), np.stack(self.rows[i][:self.n[i]] + [words[i]]))
+            else: self.g.walked.pop(rid, None)

@@ -238,18 +238,31 @@ class DSparkProposer(Proposer):
                        params: list, seeds: list[int], walk) -> list[list[int]]:
         """`propose_sampled` for structured-outputs requests, from the drafter's masked view (chapter 02b): `walk`
         (a `DraftWalk` over the requests' grammars, at most `n[i]` drafts each) masks every position by the grammar
-        state after the drafts before it and ends a draft where the grammar does (`walk.n`). The masked
-        distributions stay on the device for verification. Eager, one device-to-host copy a position: the grammar
-        needs each draft on the host before it can mask the next."""
+        state after the drafts before it and ends a draft where the grammar does (`walk.n`), then keeps its masks
+        for the round's verification (`walk.close`). The block's hidden states come from the captured step when
+        there is one (`DraftGraphs.hidden`); the Markov loop runs eagerly, one device-to-host copy a position, since
+        the grammar needs each draft on the host before it can mask the next. The masked distributions stay on the
+        device for verification."""
         dev = self.ctx.pos.device
         t = lambda v: on_device(v, torch.long, dev)
-        s, p = t(slots), t(P)
-        valid, complete = self._window(s, p)
-        drafts, q, conf = self.drafter.propose_masked(t(anchors), p, self.ctx.rows, valid, max(n),
-                                                      RowParams.of(params, seeds, dev), walk, s)
+        s, p, a = t(slots), t(P), t(anchors)
+        if self.graphs is not None and self.graphs.masked and self.graphs.fits(len(slots), max(n)):
+            h, complete = self.graphs.hidden(slots, anchors, P)
+        else:
+            valid, complete = self._window(s, p)
+            h = self.drafter.block_hidden(a, p, self.ctx.rows, valid, s)
+        drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk)
         self._keep_q(s, q)
         conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
-        return self.collect(rids, walk.n, drafts.tolist(), conf, complete.tolist())
+        drafts = drafts.tolist()
+        walk.close(drafts)
+        return self.collect(rids, walk.n, drafts, conf, complete.tolist())
+
+    def draft_hidden(self, slots: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor):
+        """The block hidden states `[R, γ, D]` and whether each context window is complete `[R]`, for requests in ring
+        `slots` anchored at `P`: the part of a draft step before its Markov loop. Device in, device out (capturable)."""
+        valid, complete = self._window(slots, P)
+        return self.drafter.block_hidden(anchors, P, self.ctx.rows, valid, slots), complete
 
     def propose_greedy(self, slots: list[int], rids: list[str], anchors: list[int], P: list[int], n: list[int]) -> list[list[int]]:
         """Greedy drafts for many requests with one batched drafter forward (a graph replay when captured):
