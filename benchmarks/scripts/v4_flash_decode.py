@@ -52,6 +52,13 @@ def step_bytes(model) -> tuple[int, int]:
     return total + len(moes) * k * ex_bytes, active + len(moes) * k * ex_params
 
 
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}, "status": {"enum": ["open", "closed"]},
+                                           "note": {"type": "string", "minLength": 2000}},
+          "required": ["id", "status", "note"], "additionalProperties": False}
+"""`--schema`: a JSON schema whose document cannot end within a run (a note of at least 2,000 characters), so every
+timed token is decoded under the grammar, however the dummy weights choose."""
+
+
 def overrides(model: str, n: int) -> dict:
     "The named config cut to `n` layers; a DSpark config's drafter reads the last three, as the shipped one reads 40-42 of 43."
     over = {"num_hidden_layers": n}
@@ -83,20 +90,21 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
     save()
     g = torch.Generator().manual_seed(0)
     V = llm.model.cfg.vocab_size
-    sp = lambda k: dspark.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True)
+    sp = lambda k, js=False: dspark.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True,
+                                                   structured_outputs={"json": SCHEMA} if js else None)
 
-    def timed(prompts, k) -> float:
+    def timed(prompts, k, js=False) -> float:
         torch.cuda.synchronize(); t = time.perf_counter()
-        llm.generate(prompts, sp(k), use_tqdm=False)
+        llm.generate(prompts, sp(k, js), use_tqdm=False)
         torch.cuda.synchronize(); return time.perf_counter() - t
 
-    for c, P in [(c, P) for P in a.prompt_len for c in a.concurrency]:
-        key = f"C{c}" if P == 32 else f"C{c}_prompt{P}"
+    for c, P, js in [(c, P, js) for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]:
+        key = (f"C{c}" if P == 32 else f"C{c}_prompt{P}") + ("_schema" if js else "")
         try:
             prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(c)]
-            timed(prompts, 4)                                      # warm-up: compile, first replays
+            timed(prompts, 4, js)                                  # warm-up: compile, first replays
             s0 = llm.spec_stats() if spec else None
-            short, long = timed(prompts, 16), timed(prompts, 16 + a.decode_tokens)
+            short, long = timed(prompts, 16, js), timed(prompts, 16 + a.decode_tokens, js)
             dt = long - short
             row = {"tok_s": round(c * a.decode_tokens / dt, 1), "step_ms": round(dt / a.decode_tokens * 1e3, 3)}
             if spec:
@@ -105,7 +113,7 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
                 row["rounds"], row["mean_acceptance_length"] = d, round(1 + acc / max(d, 1), 3)
                 row["ms_per_token_per_request"] = round(dt / a.decode_tokens * 1e3, 3)
                 del row["step_ms"]
-            elif c == 1 and P == 32: row["over_floor"] = round(row["step_ms"] / out["c1_floor_ms"], 2)
+            elif c == 1 and P == 32 and not js: row["over_floor"] = round(row["step_ms"] / out["c1_floor_ms"], 2)
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}; traceback.print_exc(limit=3)
         m["rows"][key] = row; print(mode, key, row, flush=True); save()
@@ -164,6 +172,7 @@ if __name__ == "__main__":
     ap.add_argument("--prompt-len", type=int, nargs="+", default=[32],
                     help="decode rows after prompts of these lengths (the timed runs repeat the prompt: a prefix hit, so only decode differs)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[4096])
+    ap.add_argument("--schema", action="store_true", help="each decode row also under a JSON schema (key suffix _schema)")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=4096, help="max_num_batched_tokens")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the card (H100/H200 SXM: 989)")
