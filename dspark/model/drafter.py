@@ -295,20 +295,25 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
-                      allowed: Callable):
+                      allowed: Callable, greedy: bool = False):
         """The masked Markov loop over block hidden states `h [R, γ, D]` (`block_hidden`, or its captured step). The
         mask applies to the Markov-corrected logits before each request's temperature, top-k and top-p, so `q` is
         the masked, renormalised distribution its draft is drawn from (one-hot on the allowed argmax on greedy
-        rows). Eager, one device-to-host copy a position: the grammar needs each draft before it masks the next."""
+        rows). Eager, one device-to-host copy a position: the grammar needs each draft before it masks the next.
+        `greedy`: every row is greedy, so each draft is the allowed argmax and no `q` is made (None: verification
+        of greedy rows needs none)."""
         U, mh, prev, qs = self.base_logits(h), self.last.markov_head, [anchors], []
         for k in range(min(n, self.block_size)):
             ok = allowed(k, prev[-1].tolist() if k else None)          # the grammar needs the last draft on the host
             if ok is None: break
             x = torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1]))).masked_fill(~ok, float("-inf"))
+            if greedy: prev.append(x.argmax(-1)); continue
             qs.append(row_probs(x, rp))
             prev.append(draw_keyed(qs[-1], rp.seed, P + k + 1, STREAMS["draft"]))
-        if not qs: return anchors[:, None][:, :0], U[:, :0], U.new_zeros(len(anchors), 0)
-        return torch.stack(prev[1:], 1), torch.stack(qs, 1), self._confidence(h[:, :len(qs)], torch.stack(prev[:-1], 1))
+        m = len(prev) - 1
+        q = None if greedy else torch.stack(qs, 1) if qs else U[:, :0]
+        if not m: return anchors[:, None][:, :0], q, U.new_zeros(len(anchors), 0)
+        return torch.stack(prev[1:], 1), q, self._confidence(h[:, :m], torch.stack(prev[:-1], 1))
 
     @torch.no_grad()
     def propose_greedy(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,

@@ -251,8 +251,9 @@ class DSparkProposer(Proposer):
         else:
             valid, complete = self._window(s, p)
             h = self.drafter.block_hidden(a, p, self.ctx.rows, valid, s)
-        drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk)
-        self._keep_q(s, q)
+        greedy = all(sp.greedy for sp in params)                    # no q to keep: greedy rows verify by the argmax
+        drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk, greedy)
+        if q is not None: self._keep_q(s, q)
         conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
         drafts = drafts.tolist()
         walk.close(drafts)
