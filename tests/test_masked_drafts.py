@@ -5,6 +5,7 @@ embedded model's JSON is at least the unmasked drafter's. (The distribution orac
 import json
 
 import numpy as np
+import torch
 
 import jsonschema
 import llguidance as llg
@@ -104,3 +105,6 @@ def test_the_hidden_step_buffers_give_the_eager_drafts(llm):
     try: got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
     finally: replays, pr.graphs = pr.graphs.replays, before
     assert got == want and replays > 0
+    with torch.enable_grad():                               # a capture runs with gradients on: the step turns them off
+        t = lambda v: torch.tensor([v])
+        assert not pr.draft_hidden(t(0), t(7), t(3))[0].requires_grad

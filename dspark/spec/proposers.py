@@ -259,9 +259,11 @@ class DSparkProposer(Proposer):
         walk.close(drafts)
         return self.collect(rids, walk.n, drafts, conf, complete.tolist())
 
+    @torch.no_grad()
     def draft_hidden(self, slots: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor):
         """The block hidden states `[R, γ, D]` and whether each context window is complete `[R]`, for requests in ring
-        `slots` anchored at `P`: the part of a draft step before its Markov loop. Device in, device out (capturable)."""
+        `slots` anchored at `P`: the part of a draft step before its Markov loop. Device in, device out (capturable:
+        no autograd graph, which a capture cannot record)."""
         valid, complete = self._window(slots, P)
         return self.drafter.block_hidden(anchors, P, self.ctx.rows, valid, slots), complete
 
