@@ -1,5 +1,6 @@
 """Where a C1 decode step's time goes at DeepSeek-V4-Flash width (all 256 experts, dummy weights as stored): the GPU
-kernels of a few eager decode steps under torch.profiler, grouped by kernel name, per step, beside the step's wall time.
+kernels of a few decode steps under torch.profiler, grouped by kernel name, per step (a run of the prefill and first token
+alone is subtracted), beside the step's wall time.
 
     python benchmarks/scripts/v4_flash_profile.py [--layers 4] [--steps 16]     # writes $OUT/v4_flash_profile.json
 
@@ -34,17 +35,22 @@ def main(a) -> None:
     torch.cuda.synchronize(); long = time.perf_counter() - t
     t = time.perf_counter(); llm.generate([prompt], sp(8), use_tqdm=False); torch.cuda.synchronize()
     step_ms = (long - (time.perf_counter() - t)) / a.steps * 1e3
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate([prompt], sp(1 + a.steps), use_tqdm=False)
-        torch.cuda.synchronize()
-    by = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            by[e.name][1] += 1
-    n = a.steps + 1                                                 # the prefill's kernels are in there too: small at 32 tokens
-    rows = sorted(({"kernel": k[:120], "us_per_step": round(v[0] / n, 1), "calls_per_step": round(v[1] / n, 1)}
-                   for k, v in by.items()), key=lambda r: -r["us_per_step"])
+    def kernels(m: int) -> dict:
+        "Device µs and launches by kernel name over one generate of `m` tokens (its prefill included)."
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate([prompt], sp(m), use_tqdm=False)
+            torch.cuda.synchronize()
+        by = defaultdict(lambda: [0.0, 0])
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                by[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+                by[e.name][1] += 1
+        return by
+    base, run = kernels(1), kernels(1 + a.steps)          # the prefill and first token alone, then with the steps:
+    n = a.steps                                           # their difference is the decode steps' own kernels
+    rows = sorted(({"kernel": k[:120], "us_per_step": round((v[0] - base.get(k, (0, 0))[0]) / n, 1),
+                    "calls_per_step": round((v[1] - base.get(k, (0, 0))[1]) / n, 1)} for k, v in run.items()),
+                  key=lambda r: -r["us_per_step"])
     gpu_ms = sum(r["us_per_step"] for r in rows) / 1e3
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": a.layers, "graphs": a.graphs,
            "step_ms": round(step_ms, 3), "gpu_busy_ms_per_step": round(gpu_ms, 3),
