@@ -43,6 +43,8 @@ def test_dispatch_and_grouped_decodes_agree():
     "`fp4_moe` (GEMV at this size) matches the reference; the grouped launches give bit-equal sums with either decode."
     g = torch.Generator().manual_seed(4)
     x, w, idx, st = fp4_case(4, 2, 4, 256, 128, 0, 4, g)
+    x, w, idx = x.to(DEV), w.to(DEV), idx.to(DEV)
+    st = type(st)(*(t.to(DEV) for t in (st.w13, st.s13, st.w2, st.s2)), ())
     ref = fp4_down_ref(fp4_up_ref(x, w, idx, st, 0, 1.5), idx, st, 0)
     outs = [fp4_moe(x, w, idx, st, 0, 1.5)] + [fp4_moe_grouped(x, w, idx, st, 0, 1.5, asm=a) for a in (False, True)]
     for y in outs:

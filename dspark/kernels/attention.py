@@ -27,8 +27,8 @@ from ..model.quant import dequantize_index_rows, dequantize_kv_rows
 from ..model.layers import is_batch_invariant, topk_stable
 
 # %% auto #0
-__all__ = ['SORT_TOPK_COLS', 'BatchMeta', 'batch_meta', 'sparse_attention', 'sparse_attention_ref', 'indexer_scores',
-           'indexer_topk', 'indexer_topk_ref', 'medium_batch']
+__all__ = ['SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'BatchMeta', 'batch_meta', 'sparse_attention', 'sparse_attention_ref',
+           'indexer_scores', 'indexer_topk', 'indexer_topk_ref', 'medium_batch']
 
 # %% ../../nbs/12_kernels_attention.ipynb #4cdc85ce
 @dataclass
@@ -196,6 +196,7 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, sink: torch.Te
     esc = (entry_scales if entries is not None else window_scales) if fp8 else ent
     idx = topk_idx if topk_idx is not None else meta.tok_req.view(N, 1)   # unused unless MODE 1
     BH = min(64, max(16, triton.next_power_of_2(H)))
+    if N <= SMALL_STEP_TOKENS and not is_batch_invariant(): BH = 16   # see SMALL_STEP_TOKENS
     hb = triton.cdiv(H, BH)
     if splits is None: splits = _auto_splits(N * hb, window, ratio, mode, idx.shape[1], meta, block_n, q.device)
     if splits < 1 or splits & (splits - 1): raise ValueError(f"splits must be a power of two, got {splits}")
@@ -216,6 +217,12 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, sink: torch.Te
         _attn_combine_kernel[(N, H, triton.cdiv(d, BD))](o, ml, acc, H, o.stride(0), o.stride(1), D=d, BLOCK_D=BD,
                                                          SPLITS=splits)
     return o
+
+SMALL_STEP_TOKENS = 16
+"""Up to this many query tokens (decode and draft steps) a program takes 16 heads, not 64: at V4-Flash's 64 heads of
+512 a 64-head program keeps a `[64, 512]` fp32 accumulator (256 registers a thread at 4 warps) and spills it, and a
+decode step has too few programs to hide that (41 µs a C1 call on an H100). A prefill's many tokens keep the wide
+tile, whose K rows serve four times as many heads per read."""
 
 def _auto_splits(programs: int, window: int, ratio: int, mode: int, k: int, meta: BatchMeta, block_n: int,
                  device) -> int:

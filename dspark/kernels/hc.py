@@ -74,18 +74,27 @@ def _hc_mix_kernel(x_ptr, fn_ptr, part_ptr, K, M, S, BLOCK_M: tl.constexpr, BLOC
     tl.store(out + M, tl.sum(xv * xv, 0))
 
 @triton.jit
-def _mix_at(row_ptr, idx, mask, S, stride):
-    "A token's mixes at `idx`: the sum of its S partial rows (stride apart) in a fixed order, so replays repeat."
-    acc = tl.load(row_ptr + idx, mask=mask, other=0.0)
-    for s in range(1, S):
-        acc += tl.load(row_ptr + s * stride + idx, mask=mask, other=0.0)
-    return acc
+def _mix_at(row_ptr, idx, mask, S, stride, S_P: tl.constexpr):
+    """A token's mixes at `idx` (a vector): the sum of its S partial rows (stride apart), read as one `[S_P, n]`
+    tile and summed by one reduction in a fixed order (the same for every replay and batch size). A loop over the
+    partials made ~64 dependent reads a mix at V4-Flash width: 15 µs a call at one token on an H100."""
+    s = tl.arange(0, S_P)
+    v = tl.load(row_ptr + s[:, None] * stride + idx[None, :], mask=(s < S)[:, None] & mask[None, :], other=0.0)
+    return tl.sum(v, 0)
+
+@triton.jit
+def _mix_tile(row_ptr, ij, live, S, stride, S_P: tl.constexpr):
+    "`_mix_at` for a square tile of mixes `ij [n, n]`: `[n, n]`."
+    s = tl.arange(0, S_P)
+    v = tl.load(row_ptr + s[:, None, None] * stride + ij[None, :, :], mask=(s < S)[:, None, None] & live[None, :, :],
+                other=0.0)
+    return tl.sum(v, 0)
 
 @triton.jit
 def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr,
                         D, M, S, stride, iters, norm_eps, hc_eps,
                         HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, MIXES: tl.constexpr,
-                        SPLIT: tl.constexpr):
+                        SPLIT: tl.constexpr, S_P: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, HC_P)
     row = i < HC
@@ -93,7 +102,7 @@ def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, co
     xt = x_ptr + t * HC * D
     mt = mix_ptr + t * S * stride                                    # this token's S partial rows (S = 1: the GEMM's)
     if SPLIT:                                                        # 1. the RMS of the flattened streams
-        ss = _mix_at(mt, M, M < M + 1, S, stride)                    # (the mix kernel summed the squares)
+        ss = tl.sum(_mix_at(mt, M + i, i == 0, S, stride, S_P), 0)  # (the mix kernel summed the squares)
     else:
         sq = tl.zeros([HC_P, BLOCK_D], tl.float32)
         for d0 in range(0, D, BLOCK_D):
@@ -101,16 +110,16 @@ def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, co
             sq += v.to(tl.float32) * v.to(tl.float32)
         ss = tl.sum(tl.sum(sq, 1), 0)
     rs = tl.rsqrt(ss / (HC * D) + norm_eps)
-    pre = _mix_at(mt, i, row, S, stride) * rs * tl.load(scale_ptr).to(tl.float32) \
+    pre = _mix_at(mt, i, row, S, stride, S_P) * rs * tl.load(scale_ptr).to(tl.float32) \
         + tl.load(base_ptr + i, mask=row, other=0.0).to(tl.float32)  # 2. pre (and post)
     pre = tl.where(row, tl.sigmoid(pre) + hc_eps, 0.0)
     if MIXES:
-        post = _mix_at(mt, HC + i, row, S, stride) * rs * tl.load(scale_ptr + 1).to(tl.float32) \
+        post = _mix_at(mt, HC + i, row, S, stride, S_P) * rs * tl.load(scale_ptr + 1).to(tl.float32) \
             + tl.load(base_ptr + HC + i, mask=row, other=0.0).to(tl.float32)
         tl.store(post_ptr + t * HC + i, 2 * tl.sigmoid(post), mask=row)
         ij = i[:, None] * HC + i[None, :]                            # 3. Sinkhorn on the hc x hc tile
         live = row[:, None] & row[None, :]
-        logit = _mix_at(mt, 2 * HC + ij, live, S, stride) * rs * tl.load(scale_ptr + 2).to(tl.float32) \
+        logit = _mix_tile(mt, 2 * HC + ij, live, S, stride, S_P) * rs * tl.load(scale_ptr + 2).to(tl.float32) \
             + tl.load(base_ptr + 2 * HC + ij, mask=live, other=0.0).to(tl.float32)
         logit = tl.where(row[None, :], logit, float("-inf"))        # padded columns drop out of the softmax
         e = tl.exp(logit - tl.max(logit, 1)[:, None])
@@ -174,7 +183,8 @@ def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, bloc
         mix, S, stride = F.linear(xs.view(N, hc * D).float(), fn.float()), 1, rows   # [N, rows] fp32
     launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
            D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-           HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split, num_warps=num_warps)
+           HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split,
+           S_P=triton.next_power_of_2(S), num_warps=num_warps)
     return y.view(*lead, D), post.view(*lead, hc), comb.view(*lead, hc, hc)
 
 def hc_pre_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig,
@@ -294,9 +304,10 @@ def hc_post_head_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, c
     (hc, D), lead = x.shape[-2:], x.shape[:-2]
     _check("hc_post_head_fused", x, hc, out=(out, (*lead, D)), post=(post, (*lead, hc)), comb=(comb, (*lead, hc, hc)),
            fn=(fn, (hc, hc * D)), base=(base, (hc,)), scale=(scale, (1,)))
-    xs, bd = x.reshape(-1, hc, D).contiguous(), _block(D, 256, block_d)
+    xs = x.reshape(-1, hc, D).contiguous()
     N = xs.shape[0]
-    h = torch.empty(N, D, dtype=x.dtype, device=x.device)
+    bd = _block(D, 1024 if N <= SPLIT_MIX_ROWS else 256, block_d)   # a decode step's one program a token: fewer, wider
+    h = torch.empty(N, D, dtype=x.dtype, device=x.device)           # passes (16 of 256 were latency-bound at D 4,096)
     t = torch.empty(N, D, dtype=torch.float32, device=x.device) if tap else None
     if N:
         launch(_hc_post_head_kernel, (N,), out.reshape(N, D).contiguous(), xs, post.reshape(N, hc).contiguous(),
