@@ -108,3 +108,18 @@ def test_the_hidden_step_buffers_give_the_eager_drafts(llm):
     with torch.enable_grad():                               # a capture runs with gradients on: the step turns them off
         t = lambda v: torch.tensor([v])
         assert not pr.draft_hidden(t(0), t(7), t(3))[0].requires_grad
+
+
+@pytest.mark.slow
+def test_greedy_grammar_steps_verify_by_the_masked_argmax(llm, monkeypatch):
+    """Greedy requests under a grammar verify by the argmax of their masked rows (`_grammar_greedy`), and get the tokens
+    the sampled path's one-hot rejection sampling gives them."""
+    from dspark.runtime.runner import ModelRunner
+    sp = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs={"json": SCHEMA}) for _ in range(4)]
+    prompts = ["Data:", "x = ", "{", "Config:"]
+    calls, argmax = [], ModelRunner._masked_argmax
+    monkeypatch.setattr(ModelRunner, "_masked_argmax", lambda self, *a: calls.append(1) or argmax(self, *a))
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    monkeypatch.setattr(ModelRunner, "_grammar_greedy", staticmethod(lambda batch: None))
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert got == want and len(calls) > 0

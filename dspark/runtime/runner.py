@@ -150,10 +150,15 @@ class ModelRunner:
                               feats if pr and pr.final else None)
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
         decided, sampled = {}, []                                  # id -> (drafts verified, accepted, tokens, logprobs)
-        if greedy:                                                 # every row's argmax in one device-to-host copy
+        gram = None if greedy else self._grammar_greedy(batch)     # greedy, some under a grammar and nothing else
+        if greedy or gram is not None:                             # every row's argmax in one device-to-host copy
             flat = getattr(logits, "flat", None)                   # a graph step's rows are one tensor already
-            top = (torch.cat(logits) if flat is None else flat).argmax(-1).tolist()
+            flat = torch.cat(logits) if flat is None else flat
             ends = list(itertools.accumulate(n for _, n in batch))
+            top = flat.argmax(-1)
+            if gram: self._masked_argmax(flat, top, [(batch[i][0], ends[i], batch[i][1] - batch[i][0].num_tokens
+                                                      + batch[i][0].num_computed) for i in gram])
+            top, greedy = top.tolist(), True
             verify = greedy_verify if self.simulated is None else self.simulated.accept
         for i, (r, n) in enumerate(batch):
             if r.params.prompt_logprobs is not None and not r.output_ids: self._prompt_logprobs(r, logits[i][:n])
@@ -166,6 +171,25 @@ class ModelRunner:
             else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
         if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
+
+    @staticmethod
+    def _grammar_greedy(batch: list[tuple[Request, int]]) -> list[int] | None:
+        """The batch rows of structured-outputs requests when every request is greedy, asks for no logprobs and has no
+        logit processor but a grammar: such a step verifies by the argmax of the grammar-masked rows. Else None."""
+        if not all(r.params.greedy and r.params.logprobs is None and r.params.prompt_logprobs is None
+                   and not r.params.logit_processors for r, _ in batch): return None
+        return [i for i, (r, _) in enumerate(batch) if r.params.structured_outputs is not None]
+
+    def _masked_argmax(self, flat: torch.Tensor, top: torch.Tensor, items: list[tuple[Request, int, int]]) -> None:
+        """Overwrite in `top` the argmax of the sampled rows of grammar-constrained greedy requests with the argmax of
+        those rows masked by their grammars (chapter 02b). `items`: `(request, end of its rows in flat, drafts k)`;
+        a chunk that does not reach the end of the request's tokens (k < 0) samples nothing."""
+        items = [(r, e, k) for r, e, k in items if k >= 0]
+        if not items: return
+        K = max(k for *_, k in items)
+        allowed = self._grammars().round_masks([r for r, *_ in items], [r.drafts[:k] for r, _, k in items], K + 1, flat.device)
+        at = on_device([[e - k - 1 + min(j, k) for j in range(K + 1)] for _, e, k in items], torch.long, flat.device)
+        top[at] = flat[at].masked_fill(~allowed, float("-inf")).argmax(-1)   # padding rows repeat the last: same value
 
     def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
         """Rejection sampling for every verifying request of a step at once, on the device (chapter 03's
