@@ -112,14 +112,15 @@ def test_the_hidden_step_buffers_give_the_eager_drafts(llm):
 
 @pytest.mark.slow
 def test_greedy_grammar_steps_verify_by_the_masked_argmax(llm, monkeypatch):
-    """Greedy requests under a grammar verify by the argmax of their masked rows (`_grammar_greedy`), and get the tokens
+    """Greedy requests under a grammar verify by the argmax of their masked rows (`grammar_greedy`), and get the tokens
     the sampled path's one-hot rejection sampling gives them."""
-    from dspark.runtime.runner import ModelRunner
+    from dspark.runtime import runner
+    from dspark.sample.structured import Grammars
     sp = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs={"json": SCHEMA}) for _ in range(4)]
     prompts = ["Data:", "x = ", "{", "Config:"]
-    calls, argmax = [], ModelRunner._masked_argmax
-    monkeypatch.setattr(ModelRunner, "_masked_argmax", lambda self, *a: calls.append(1) or argmax(self, *a))
+    calls, argmax = [], Grammars.masked_argmax
+    monkeypatch.setattr(Grammars, "masked_argmax", lambda self, *a: calls.append(1) or argmax(self, *a))
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
-    monkeypatch.setattr(ModelRunner, "_grammar_greedy", staticmethod(lambda batch: None))
+    monkeypatch.setattr(runner, "grammar_greedy", lambda batch: None)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
     assert got == want and len(calls) > 0

@@ -20,7 +20,7 @@ from ..request import Request, all_plain_greedy
 from ..sample.rejection import SpecStats, verify_keyed
 from ..sample.sampling import STREAMS, RowParams, draw_keyed, on_device, row_probs
 from ..sample.processors import processed_probs, round_histories
-from ..sample.structured import Grammars
+from ..sample.structured import Grammars, grammar_greedy
 from ..cache.kv_cache import PagedKVCache, SeqView, forward_cached
 from ..model.transformer import Transformer
 
@@ -150,14 +150,14 @@ class ModelRunner:
                               feats if pr and pr.final else None)
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
         decided, sampled = {}, []                                  # id -> (drafts verified, accepted, tokens, logprobs)
-        gram = None if greedy else self._grammar_greedy(batch)     # greedy, some under a grammar and nothing else
+        gram = None if greedy else grammar_greedy(batch)           # greedy, some under a grammar and nothing else
         if greedy or gram is not None:                             # every row's argmax in one device-to-host copy
             flat = getattr(logits, "flat", None)                   # a graph step's rows are one tensor already
             flat = torch.cat(logits) if flat is None else flat
             ends = list(itertools.accumulate(n for _, n in batch))
             top = flat.argmax(-1)
-            if gram: self._masked_argmax(flat, top, [(batch[i][0], ends[i], batch[i][1] - batch[i][0].num_tokens
-                                                      + batch[i][0].num_computed) for i in gram])
+            if gram: self._grammars().masked_argmax(flat, top, [(batch[i][0], ends[i], batch[i][1] - batch[i][0].num_tokens
+                                                                 + batch[i][0].num_computed) for i in gram])
             top, greedy = top.tolist(), True
             verify = greedy_verify if self.simulated is None else self.simulated.accept
         for i, (r, n) in enumerate(batch):
@@ -171,25 +171,6 @@ class ModelRunner:
             else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
         if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
-
-    @staticmethod
-    def _grammar_greedy(batch: list[tuple[Request, int]]) -> list[int] | None:
-        """The batch rows of structured-outputs requests when every request is greedy, asks for no logprobs and has no
-        logit processor but a grammar: such a step verifies by the argmax of the grammar-masked rows. Else None."""
-        if not all(r.params.greedy and r.params.logprobs is None and r.params.prompt_logprobs is None
-                   and not r.params.logit_processors for r, _ in batch): return None
-        return [i for i, (r, _) in enumerate(batch) if r.params.structured_outputs is not None]
-
-    def _masked_argmax(self, flat: torch.Tensor, top: torch.Tensor, items: list[tuple[Request, int, int]]) -> None:
-        """Overwrite in `top` the argmax of the sampled rows of grammar-constrained greedy requests with the argmax of
-        those rows masked by their grammars (chapter 02b). `items`: `(request, end of its rows in flat, drafts k)`;
-        a chunk that does not reach the end of the request's tokens (k < 0) samples nothing."""
-        items = [(r, e, k) for r, e, k in items if k >= 0]
-        if not items: return
-        K = max(k for *_, k in items)
-        allowed = self._grammars().round_masks([r for r, *_ in items], [r.drafts[:k] for r, _, k in items], K + 1, flat.device)
-        at = on_device([[e - k - 1 + min(j, k) for j in range(K + 1)] for _, e, k in items], torch.long, flat.device)
-        top[at] = flat[at].masked_fill(~allowed, float("-inf")).argmax(-1)   # padding rows repeat the last: same value
 
     def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
         """Rejection sampling for every verifying request of a step at once, on the device (chapter 03's
@@ -211,7 +192,7 @@ class ModelRunner:
         rp = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], dev)
         x = flat[ints[:, :K + 1].reshape(-1)]
         if gram := [i for i, r in enumerate(reqs) if r.params.structured_outputs is not None and not r.params.logit_processors]:
-            self._mask_rounds(x.view(len(items), K + 1, V), [items[i] for i in gram], gram, K)   # grammar only: batched
+            self._grammars().mask_rounds(x.view(len(items), K + 1, V), [(items[i][0], items[i][1]) for i in gram], gram)
         p = row_probs(x, rp.repeat(K + 1)).view(len(items), K + 1, V)
         if any(r.params.logit_processors for r in reqs):           # chapter 02a: each verify row with its own history
             for i, (r, k, rows) in enumerate(items):
@@ -234,16 +215,6 @@ class ModelRunner:
             lp = None if r.params.logprobs is None else [self._logprobs(rows[j], t, r.params.logprobs) for j, t in enumerate(toks)]
             out[r.request_id] = (k, a, toks, lp)
         return out
-
-    def _mask_rounds(self, x: torch.Tensor, items: list, at: list[int], K: int) -> None:
-        """Mask in place the verify rows `x [R, K + 1, V]` of the grammar-constrained requests `items` (at batch rows
-        `at`) by their grammars (chapter 02b): one copy of packed masks and one fill for all of them. With masked
-        drafting the masks are the ones the draft walk left."""
-        allowed = self._grammars().round_masks([r for r, *_ in items], [r.drafts[:k] for r, k, _ in items], K + 1, x.device)
-        if len(at) == len(x): x.masked_fill_(~allowed, float("-inf"))
-        else:
-            sel = on_device(at, torch.long, x.device)
-            x[sel] = x[sel].masked_fill(~allowed, float("-inf"))
 
     def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor] | None,
                       seqs: list[SeqView] | None, rd=None):

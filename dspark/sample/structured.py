@@ -16,7 +16,7 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 # %% auto #0
-__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'Grammars', 'DraftWalk']
+__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'Grammars', 'grammar_greedy', 'DraftWalk']
 
 # %% ../../nbs/02b_structured.ipynb #b7e1c002
 KINDS = ("json", "json_object", "regex", "choice", "grammar")       # vLLM's `structured_outputs` keys served here
@@ -158,6 +158,27 @@ class Grammars:
             words[i, :len(w)], words[i, len(w):] = w, w[-1]
         return unpack_masks(words.reshape(-1, self.W), self.V, device).view(len(reqs), rows, -1)
 
+    def mask_rounds(self, x: torch.Tensor, items: list, at: list[int]) -> None:
+        """Mask in place the verify rows `x [R, K + 1, V]` of a step's grammar-constrained requests: `items` their
+        `(request, drafts verified k)`, at batch rows `at`. One copy of packed masks and one fill for all of them;
+        with masked drafting the masks are the ones the draft walk left."""
+        allowed = self.round_masks([r for r, _ in items], [r.drafts[:k] for r, k in items], x.shape[1], x.device)
+        if len(at) == len(x): x.masked_fill_(~allowed, float("-inf"))
+        else:
+            sel = torch.tensor(at, device=x.device)
+            x[sel] = x[sel].masked_fill(~allowed, float("-inf"))
+
+    def masked_argmax(self, flat: torch.Tensor, top: torch.Tensor, items: list) -> None:
+        """Overwrite in `top` (the argmax of every row of `flat`) the greedy picks of grammar-constrained requests
+        with the argmax of their masked rows. `items`: `(request, end of its rows in flat, drafts verified k)`; a
+        prefill chunk that does not reach the end of the request's tokens (k < 0) samples nothing."""
+        items = [(r, e, k) for r, e, k in items if k >= 0]
+        if not items: return
+        K = max(k for *_, k in items)
+        allowed = self.round_masks([r for r, *_ in items], [r.drafts[:k] for r, _, k in items], K + 1, flat.device)
+        at = torch.tensor([[e - k - 1 + min(j, k) for j in range(K + 1)] for _, e, k in items], device=flat.device)
+        top[at] = flat[at].masked_fill(~allowed, float("-inf")).argmax(-1)   # padding rows repeat the last: same value
+
     def walk(self, reqs: list, toks: list[list[int]], n: list[int], device) -> DraftWalk:
         "A `DraftWalk` of `reqs`, each after its committed tokens and `toks[i]`, drafting at most `n[i]` tokens."
         return DraftWalk(self, reqs, toks, n, device)
@@ -165,6 +186,14 @@ class Grammars:
     def forget(self, request_id: str) -> None:
         self.live.pop(request_id, None)
         self.walked.pop(request_id, None)
+
+def grammar_greedy(batch: list) -> list[int] | None:
+    """The rows of structured-outputs requests in a step's `batch` (`(request, tokens)` pairs) when every request is
+    greedy, asks for no logprobs and has no logit processor but a grammar: such a step verifies by the argmax of the
+    grammar-masked rows (`Grammars.masked_argmax`), exactly what one-hot rejection sampling would pick. Else None."""
+    if not all(r.params.greedy and r.params.logprobs is None and r.params.prompt_logprobs is None
+               and not r.params.logit_processors for r, _ in batch): return None
+    return [i for i, (r, _) in enumerate(batch) if r.params.structured_outputs is not None]
 
 class DraftWalk:
     """The grammars of a batch of constrained requests walked along the drafts the drafter is making (masked
