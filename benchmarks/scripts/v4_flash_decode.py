@@ -7,7 +7,7 @@ the engine with the FP8/FP4 kernels (chapters 18a, 18b), against the HBM floor o
 
 Decode tok/s at concurrency C comes from two greedy runs of C requests that differ only in max_tokens (16 and 16 + T):
 T·C tokens over the difference of their times, so prefill and start-up cancel; the median of `--repeats` such pairs
-(one pair alone once put a one-off cost into its short run: a C1 step looked 37% shorter than its kernels). Prompts have 32 tokens, or each of
+(one pair alone once put a one-off cost into its short run: a C1 step came out a third shorter than its own kernels take). Prompts have 32 tokens, or each of
 `--prompt-len` (decode after a long context: the repeated prompt is a prefix-cache hit, so the runs differ in decode). The C1 floor is the stored bytes one
 decode step must read (every weight but the embedding and the unselected experts: 6 experts a layer) over this GPU's
 device-to-device copy rate (bytes read plus written per second: what HBM moves, whichever way). Prefill: one prompt of 4,096 tokens, its time to first token, and MFU against
