@@ -22,10 +22,9 @@ import triton.language as tl
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_quant, e8m0_to_float, quantize_fp8
 
 # %% auto #0
-__all__ = ['FP8_SMALL_M', 'FP8_TILES', 'FP8_TILE_CHOICES', 'FP8_SPLITS', 'FP8_LAST_SUMS', 'TILE_COUNTERS',
-           'HAS_BLOCKWISE_SCALED_MM', 'fp8_linear_ref', 'fp8_grouped_linear_ref', 'FP8Config', 'fp8_config',
-           'fp8_linear_triton', 'act_quant_triton', 'fp8_linear_library', 'fp8_library_ok', 'fp8_linear',
-           'fp8_grouped_linear', 'fp8_linear_check']
+__all__ = ['FP8_SMALL_M', 'FP8_TILES', 'FP8_TILE_CHOICES', 'FP8_SPLITS', 'HAS_BLOCKWISE_SCALED_MM', 'fp8_linear_ref',
+           'fp8_grouped_linear_ref', 'FP8Config', 'fp8_config', 'fp8_linear_triton', 'act_quant_triton',
+           'fp8_linear_library', 'fp8_library_ok', 'fp8_linear', 'fp8_grouped_linear', 'fp8_linear_check']
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f80505c8
 def _check_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
@@ -85,15 +84,13 @@ def _quant_slab(xv, FMAX: tl.constexpr):
     return r * step, xs
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, G, y_ptr, cnt_ptr, SPLITS,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr, LAST_SUMS: tl.constexpr):
+def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, G,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr):
     """Program (n, s, m): rows `m·BLOCK_M …` × columns `n·BLOCK_N …` of `x · wᵀ` over the s-th run of
     `BLOCKS_PER_SPLIT` 128-blocks of K, accumulated in fp32 and stored (cast to the output's dtype) at split `s` of
     `out [splits, M, G·N]`. `x` is quantised per 128-block as `act_quant`; `ws` holds the e8m0 scale bytes. With
     `G` groups, program id 2 also numbers the group `g`: its input is `x[:, g·K:(g+1)·K]`, its weight rows
-    `g·N … g·N + N − 1`, its output columns the same (`G = 1`: one plain linear). `LAST_SUMS`: the tile's `SPLITS`
-    programs count themselves on `cnt` (one zeroed int32 per tile), and the last to finish sums the partials in split
-    order into `y` and zeroes its counter for the next launch: `_split_sum_kernel`'s result without its launch."""
+    `g·N … g·N + N − 1`, its output columns the same (`G = 1`: one plain linear)."""
     pid_n, pid_s, pid_mg = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m_blocks = tl.cdiv(M, BLOCK_M)
     g = pid_mg // m_blocks
@@ -117,18 +114,8 @@ def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_
         wsc = tl.exp2(tl.load(ws_rows + b, mask=n_ok, other=127).to(tl.float32) - 127.0)
         part = tl.dot(xq.to(tl.float8e4nv), tl.trans(wq))           # fp8 × fp8, fp32 sum over the 128-block
         acc += part * xs[:, None] * wsc[None, :]
-    at = m[:, None].to(tl.int64) * G * N + row[None, :]
-    ok = m_ok[:, None] & n_ok[None, :]
-    tl.store(out_ptr + pid_s.to(tl.int64) * M * G * N + at, acc.to(out_ptr.dtype.element_ty), mask=ok)
-    if LAST_SUMS:
-        tile = pid_mg * tl.num_programs(0) + pid_n
-        tl.debug_barrier()                                      # every thread's partial stored before the count
-        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLITS - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for sp in range(0, SPLITS):                         # in split order, as `_split_sum_kernel` sums
-                total += tl.load(out_ptr + sp * M * G * N + at, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + at, total.to(y_ptr.dtype.element_ty), mask=ok)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+    out = out_ptr + pid_s.to(tl.int64) * M * G * N + m[:, None].to(tl.int64) * G * N + row[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 @triton.jit
 def _split_sum_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
@@ -190,27 +177,12 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     splits = triton.cdiv(blocks, per_split)                     # no empty split
     out = y if splits == 1 else torch.empty(splits, M, groups * O, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(O, c.block_n), splits, triton.cdiv(M, c.block_m) * groups)
-    tiles = grid[0] * grid[2]
-    last = splits > 1 and FP8_LAST_SUMS and tiles <= TILE_COUNTERS
-    cnt = _counters(x.device) if last else y
     launch(_fp8_linear_kernel, grid, x2, x2.stride(0), weight.contiguous(), scale.view(torch.uint8).contiguous(), out,
-           M, O, I, per_split, groups, y, cnt, splits, BLOCK_M=c.block_m, BLOCK_N=c.block_n, FMAX=FP8_MAX,
-           LAST_SUMS=last, num_warps=c.num_warps, num_stages=c.num_stages)
-    if splits > 1 and not last:
+           M, O, I, per_split, groups, BLOCK_M=c.block_m, BLOCK_N=c.block_n, FMAX=FP8_MAX, num_warps=c.num_warps,
+           num_stages=c.num_stages)
+    if splits > 1:
         launch(_split_sum_kernel, (triton.cdiv(M * groups * O, 1024),), out, y, M * groups * O, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], O)
-
-FP8_LAST_SUMS = True       # split-K partials summed by each tile's last program (False: a second launch sums them)
-TILE_COUNTERS = 1 << 16    # tiles a launch may count on (more: the second launch)
-_CNT: dict[str, torch.Tensor] = {}
-
-def _counters(device) -> torch.Tensor:
-    """The per-tile arrival counters of `_fp8_linear_kernel`'s `LAST_SUMS`, one zeroed int32 buffer per device
-    (allocated once, outside any graph capture: every launch leaves the counters it used at zero again). Launches
-    on one stream never overlap, so they share it."""
-    key = str(device)
-    if key not in _CNT: _CNT[key] = torch.zeros(TILE_COUNTERS, dtype=torch.int32, device=device)
-    return _CNT[key]
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f8185b98
 @triton.jit
