@@ -285,23 +285,17 @@ class DSparkDrafter(nn.Module):
         return self.markov_rows(self.base_logits(h), h, anchors, rp, P, min(n, self.block_size))
 
     @torch.no_grad()
-    def propose_masked(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, n: int,
-                       rp: RowParams, allowed: Callable, slots: torch.Tensor | None = None):
-        """`propose_rows` from a masked view: `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool
-        on the device, once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to
-        stop (`markov_masked`). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n`
-        positions run."""
-        return self.markov_masked(self.block_hidden(anchors, P, rows, valid, slots), anchors, P, n, rp, allowed)
-
-    @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
                       allowed: Callable, greedy: bool = False):
-        """The masked Markov loop over block hidden states `h [R, γ, D]` (`block_hidden`, or its captured step). The
-        mask applies to the Markov-corrected logits before each request's temperature, top-k and top-p, so `q` is
+        """`propose_rows`' Markov loop from a masked view, over block hidden states `h [R, γ, D]` (`block_hidden`, or
+        its captured step): `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool on the device,
+        once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to stop. The mask
+        applies to the Markov-corrected logits before each request's temperature, top-k and top-p, so `q` is
         the masked, renormalised distribution its draft is drawn from (one-hot on the allowed argmax on greedy
         rows). Eager, one device-to-host copy a position: the grammar needs each draft before it masks the next.
         `greedy`: every row is greedy, so each draft is the allowed argmax and no `q` is made (None: verification
-        of greedy rows needs none)."""
+        of greedy rows needs none). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n`
+        positions run."""
         U, mh, prev, qs = self.base_logits(h), self.last.markov_head, [anchors], []
         for k in range(min(n, self.block_size)):
             ok = allowed(k, prev[-1].tolist() if k else None)          # the grammar needs the last draft on the host

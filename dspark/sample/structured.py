@@ -107,7 +107,8 @@ class Grammars:
     @property
     def W(self) -> int:
         "32-bit words in one mask: llguidance's vocabulary (at least the model's) over 32."
-        return self.tok and self._W
+        self.tok                                     # built at first use, with the width
+        return self._W
 
     def compute(self, ms: list, words: np.ndarray, rows: list[int]) -> None:
         """The masks of matchers `ms` into rows `rows` of `words` (C-contiguous `[N, W]` int32): one call for one
