@@ -212,11 +212,11 @@ def test_paired_shared_expert_is_one_gemm_with_the_same_output():
     with torch.no_grad():
         before, state = ex(x), {k: v.clone() for k, v in ex.state_dict().items()}
         assert stack_linears(ex, (ex.w1, ex.w3))
-        w13 = ex.__dict__[STACK][0]
+        (w13, widths, idx), = ex.__dict__[STACK][0]
         assert ex.w1.weight.data_ptr() == w13.data_ptr()                       # views, nothing stored twice
         assert ex.w3.weight.data_ptr() == w13.data_ptr() + ex.w1.weight.nbytes
         assert all(torch.equal(v, state[k]) for k, v in ex.state_dict().items())
-        assert stack_linears(ex, (ex.w1, ex.w3)) and ex.__dict__[STACK][0] is w13   # a live stack is kept
+        assert stack_linears(ex, (ex.w1, ex.w3)) and ex.__dict__[STACK][0][0][0] is w13   # a live stack is kept
         mm = lambda x: aten_launches(ex, x)["mm"]
         assert mm(x) == 2                                                     # w13, then w2
         torch.testing.assert_close(ex(x), before, rtol=1e-5, atol=1e-6)

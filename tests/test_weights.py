@@ -205,3 +205,37 @@ def test_grouped_linear_reads_the_stored_bytes_through_its_hook():
     assert (fast - dense).abs().max() <= 0.05 * dense.abs().max()
     lin.grouped = lambda *a: None                          # a kernel that declines (too many rows): the dense path
     with torch.no_grad(): torch.testing.assert_close(grouped_linear(lin, x), dense)
+
+
+def test_fp8_linears_that_read_one_input_stack_into_one_kernel_launch():
+    """`stack_linears` over a layer's mixed x projections (two FP8, two bf16, one FP8 of a height that is not whole
+    scale blocks): each kind of at least two stacks apart, every weight and scale becomes a view of its stack, the
+    state dict is unchanged, the FP8 pair costs one launch of the FP8 kernel (here the Triton interpreter), and the
+    outputs are those of the members one by one."""
+    from torch import nn
+    from dspark.kernels.fp8 import fp8_linear_triton
+    from dspark.kernels.hc import aten_launches
+    from dspark.model.layers import STACK, stack_linears, stacked_outputs
+    g = torch.Generator().manual_seed(5)
+    def fp8(O, I):
+        lin = FP8Linear(I, O)
+        lin.weight.data, lin.scale.data = quantize_fp8(torch.randn(O, I, generator=g) * I ** -0.5)
+        lin.fast = fp8_linear_triton
+        return lin
+    owner = nn.Module()
+    owner.a, owner.b, owner.c = fp8(256, 256), fp8(128, 256), fp8(200, 256)
+    owner.d, owner.e = nn.Linear(256, 64, bias=False), nn.Linear(256, 32, bias=False)
+    ls = [owner.a, owner.d, owner.b, owner.e, owner.c]
+    x = torch.randn(3, 256, generator=g)
+    with torch.no_grad():
+        alone, state = [l(x) for l in ls], {k: v.clone() for k, v in owner.state_dict().items()}
+        assert stack_linears(owner, ls)
+        parts = owner.__dict__[STACK][0]
+        assert [(type(W).__name__, idx) for W, _, idx in parts] == [("FP8Linear", [0, 2]), ("Tensor", [1, 3])]
+        W = parts[0][0]
+        assert owner.a.weight.data_ptr() == W.weight.data_ptr() and owner.b.scale.data_ptr() == W.scale[2:].data_ptr()
+        assert owner.b.weight.data_ptr() == W.weight.data_ptr() + owner.a.weight.nbytes
+        assert all(torch.equal(v, state[k]) for k, v in owner.state_dict().items())
+        launches = aten_launches(lambda: stacked_outputs(owner, x, ls))
+        assert launches["triton:_fp8_linear_kernel"] == 2          # the stacked pair once, the 200-row member alone
+        for y, ref in zip(stacked_outputs(owner, x, ls), alone): torch.testing.assert_close(y, ref, rtol=0, atol=0)

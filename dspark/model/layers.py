@@ -207,31 +207,39 @@ class Gate(nn.Module):
 STACK = "_linear_stack"     # where `stack_linears` keeps a module's stack (not a parameter: not in state_dict)
 
 def stack_linears(owner: nn.Module, linears) -> bool:
-    """Hold the weights of linear maps that read one input as one `[Σ out, D]` tensor and re-point each weight at its
-    rows (nothing is stored twice), so the fast path computes all of them with one GEMM (`stacked_outputs`). Only
-    plain bias-free `nn.Linear`s of one dtype, device and input width are stacked (a quantised or sharded stand-in
-    is left alone); returns whether it stacked. The stack lives on `owner`; a live one is kept as it is."""
+    """Hold linear maps that read one input as one stacked weight per kind, each re-pointed at its rows (nothing is
+    stored twice), so the fast path computes a kind with one product (`stacked_outputs`): bias-free `nn.Linear`s as one
+    `[Σ out, D]` tensor, stored weights by their class's `stack_of` (FP8 with its scale rows: one FP8 kernel launch).
+    Sharded stand-ins and lone kinds stay apart. Returns whether anything stacked; a live stack on `owner` is kept."""
     st = owner.__dict__.get(STACK)
-    if st is not None and all(l.weight.data_ptr() == p for l, p in zip(linears, st[2])): return True
-    w0 = linears[0].weight
-    if any(type(l) is not nn.Linear or l.bias is not None or l.weight.dtype != w0.dtype or l.weight.device != w0.device
-           or l.weight.shape[1] != w0.shape[1] for l in linears): return False
-    W = torch.cat([l.weight.detach() for l in linears])
-    widths, a = [l.weight.shape[0] for l in linears], 0
-    for l, n in zip(linears, widths):
-        l.weight.data, a = W[a:a + n], a + n
-    owner.__dict__[STACK] = (W, widths, tuple(l.weight.data_ptr() for l in linears))
-    return True
+    if st is not None and all(l.weight.data_ptr() == p for l, p in zip(linears, st[1])): return True
+    kinds, parts = {}, []
+    for i, l in enumerate(linears):             # a kind: plain linears of one dtype, device, width; a stored class
+        k = ((nn.Linear, l.weight.dtype, l.weight.device, l.weight.shape[1]) if type(l) is nn.Linear and l.bias is None
+             else (type(l), l.weight.device, l.in_features) if hasattr(type(l), "stack_of") and l.stackable() else None)
+        if k is not None: kinds.setdefault(k, []).append(i)
+    for k, idx in kinds.items():
+        if len(ls := [linears[i] for i in idx]) < 2: continue
+        if k[0] is nn.Linear:
+            W = torch.cat([l.weight.detach() for l in ls])
+            for l, rows in zip(ls, W.split([l.weight.shape[0] for l in ls])): l.weight.data = rows
+        else: W = type(ls[0]).stack_of(ls)
+        if W is not None: parts.append((W, [l.weight.shape[0] for l in ls], idx))
+    if parts: owner.__dict__[STACK] = (parts, tuple(l.weight.data_ptr() for l in linears))
+    return bool(parts)
 
 def stacked_outputs(owner: nn.Module, x: torch.Tensor, linears) -> list[torch.Tensor] | None:
-    """`[l(x) for l in linears]` as column slices of one GEMM's output while `owner`'s stack is live; None when there
-    is none, or when a weight has moved or been replaced (the stale stack is dropped then, not kept pinned)."""
+    """`[l(x) for l in linears]`, each stacked kind as column slices of one product, while `owner`'s stack is live;
+    None when there is none or a weight has moved or been replaced (a stale stack is dropped, not kept pinned)."""
     st = owner.__dict__.get(STACK)
-    if st is None: return None
-    if all(l.weight.data_ptr() == p for l, p in zip(linears, st[2])):
-        return list(F.linear(x, st[0]).split(st[1], dim=-1))
-    del owner.__dict__[STACK]
-    return None
+    if st is None or not all(l.weight.data_ptr() == p for l, p in zip(linears, st[1])):
+        owner.__dict__.pop(STACK, None)
+        return None
+    out = list(linears)
+    for W, widths, idx in st[0]:
+        if not isinstance(W, torch.Tensor): W.fast = linears[idx[0]].fast      # a stored stack: its members' kernel
+        for i, part in zip(idx, (F.linear(x, W) if isinstance(W, torch.Tensor) else W(x)).split(widths, -1)): out[i] = part
+    return [o if isinstance(o, torch.Tensor) else o(x) for o in out]
 
 class Expert(nn.Module):
     """SwiGLU expert with clamped inputs; an optional routing weight scales the activation before `w2`. `fast`, when
@@ -321,11 +329,9 @@ def plain_experts(moe: MoE) -> bool:
     ex = moe.experts[0]
     return all(type(l) is nn.Linear for l in (ex.w1, ex.w2, ex.w3))
 
-def _weights(ex: Expert) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return ex.w1.weight, ex.w3.weight, ex.w2.weight
+def _weights(ex: Expert) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: return ex.w1.weight, ex.w3.weight, ex.w2.weight
 
-def _ends(experts: nn.ModuleList) -> tuple[int, ...]:
-    return tuple(p.data_ptr() for ex in (experts[0], experts[-1]) for p in _weights(ex))
+def _ends(experts: nn.ModuleList) -> tuple[int, ...]: return tuple(p.data_ptr() for e in (experts[0], experts[-1]) for p in _weights(e))
 
 def _is_view_of(p: torch.Tensor, view: torch.Tensor) -> bool:
     return p.data_ptr() == view.data_ptr() and p.shape == view.shape and p.stride() == view.stride()

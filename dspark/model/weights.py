@@ -85,6 +85,26 @@ class FP8Linear(StoredLinear):
         self.scale = nn.Parameter(torch.empty(-(-out_features // BLOCK), -(-in_features // BLOCK),
                                               dtype=torch.float8_e8m0fnu, device=device), requires_grad=False)
 
+    def stackable(self) -> bool:
+        "Whether `stack_of` may take this weight: a height of whole 128-row scale blocks (else a scale row is shared)."
+        return self.out_features % BLOCK == 0
+
+    @classmethod
+    def stack_of(cls, linears) -> FP8Linear | None:
+        """One `FP8Linear` holding the rows of `linears` (one input width) and their scale rows, each member re-pointed
+        at its rows (`layers.stack_linears`: nothing is stored twice), so one launch reads them all; None when a
+        member is not `stackable`."""
+        if not all(l.stackable() for l in linears): return None
+        l0 = linears[0]
+        st = cls(l0.in_features, sum(l.out_features for l in linears), device=l0.weight.device)
+        a = 0
+        for l in linears:
+            rows, srows = slice(a, a + l.out_features), slice(a // BLOCK, (a + l.out_features) // BLOCK)
+            st.weight.data[rows].copy_(l.weight.data)
+            st.scale.data[srows].copy_(l.scale.data)
+            l.weight.data, l.scale.data, a = st.weight.data[rows], st.scale.data[srows], a + l.out_features
+        return st
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         "The dense `[O, I]` weight in `dtype` (a view of the shared scratch: valid until the next dequantisation)."
         (O, I), (so, si) = self.weight.shape, self.scale.shape
