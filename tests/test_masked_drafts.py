@@ -124,3 +124,28 @@ def test_greedy_grammar_steps_verify_by_the_masked_argmax(llm, monkeypatch):
     monkeypatch.setattr(runner, "grammar_greedy", lambda batch: None)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
     assert got == want and len(calls) > 0
+
+
+@pytest.mark.slow
+def test_the_masked_markov_kernel_drafts_what_the_eager_loop_drafts(llm):
+    """The fast path's masked greedy Markov loop (`markov_masked_greedy_triton`, here on Triton's interpreter: one
+    launch a position reading the packed masks) drafts, round by round, exactly the eager masked loop's tokens, all
+    of them grammatical, and the outputs are the same."""
+    from dspark.kernels.draft import markov_masked_greedy_triton
+    drafter, calls = llm.engine.runner.proposer.drafter, []
+    sp = [SamplingParams(temperature=0.0, max_tokens=24, structured_outputs={"json": SCHEMA}) for _ in range(2)]
+    def rounds():
+        runner, seen, execute = llm.engine.runner, [], llm.engine.runner.execute
+        def spy(batch):
+            seen.extend((list(r.output_ids), list(r.drafts)) for r, _ in batch if r.drafts)
+            return execute(batch)
+        runner.execute = spy
+        try: outs = llm.generate(["Data:", "{"], sp, use_tqdm=False)
+        finally: runner.execute = execute
+        return [o.outputs[0].token_ids for o in outs], seen
+    want, eager = rounds()
+    drafter.masked_kernel = lambda *a: calls.append(1) or markov_masked_greedy_triton(*a)
+    try: got, fast = rounds()
+    finally: drafter.masked_kernel = None
+    assert got == want and fast == eager and len(calls) > 0 and len(fast) > 0
+    assert _forbidden(llm, fast) == 0

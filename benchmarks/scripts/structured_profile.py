@@ -21,7 +21,10 @@ llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", device="cuda" if cuda else
                  max_num_seqs=4, max_model_len=512, kv_cache_memory_bytes=2**30, enable_prefix_caching=False)
 prompts = sweep_prompts(DEFAULT_MODEL, 1, 128)
 out = io.StringIO()
-for schema in (False, True, True):
+drafter = llm.engine.runner.proposer.drafter
+kernel = drafter.masked_kernel                                  # the fast path's masked Markov kernel (None on a CPU)
+for schema, masked_kernel in ((False, kernel), (True, None), (True, kernel), (False, kernel)):
+    drafter.masked_kernel = masked_kernel
     sp = [SamplingParams(temperature=0.0, max_tokens=128, seed=0, structured_outputs={"json": SCHEMA} if schema else None)]
     llm.generate(prompts, sp, use_tqdm=False)                  # warm-up
     before = llm.spec_stats()
@@ -32,7 +35,7 @@ for schema in (False, True, True):
     after = llm.spec_stats()
     d = after["num_drafts"] - before["num_drafts"]
     n = len(o[0].outputs[0].token_ids)
-    print(f"schema={schema}: {n} tokens in {wall * 1e3:.1f} ms, {d} rounds, {wall / max(d, 1) * 1e6:.0f} us a round", file=out)
+    print(f"schema={schema} masked kernel={masked_kernel is not None}: {n} tokens in {wall * 1e3:.1f} ms, {d} rounds, {wall / max(d, 1) * 1e6:.0f} us a round", file=out)
     s = pstats.Stats(prof, stream=out)
     s.sort_stats("tottime").print_stats(25)
     s.sort_stats("cumulative").print_stats(40)

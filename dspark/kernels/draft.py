@@ -21,7 +21,8 @@ from ..model.drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
 __all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'ROUND_CODE', 'markov_greedy_ref', 'draft_block_attention_ref', 'round_fp32',
-           'markov_chunk', 'markov_greedy_triton', 'draft_block_attention', 'draft_kernels_check']
+           'markov_chunk', 'markov_greedy_triton', 'markov_masked_greedy_triton', 'draft_block_attention',
+           'draft_kernels_check']
 
 # %% ../../nbs/17_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -37,13 +38,15 @@ def round_fp32(x, TO: tl.constexpr):
 
 @triton.jit
 def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
-                        drafts_ptr, conf_ptr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
+                        drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONF: tl.constexpr,
-                        ROUND: tl.constexpr):
+                        ROUND: tl.constexpr, MASKED: tl.constexpr):
     """Program (row, split) of Markov step `k`: the previous token (the anchor, or step `k − 1`'s argmax from its
     splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]` over the split's vocabulary chunk and
     where it is (ties to the lowest index, as `torch.argmax`). Split 0 also writes draft `k − 1` and, with
-    `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch `k = n` only writes the last draft."""
+    `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch `k = n` only writes the last draft. `MASKED`:
+    only tokens whose bit is set in the row's packed mask (`mask_ptr`, int32 words, bit `v % 32` of word `v // 32`)
+    compete."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     if k == 0:
@@ -77,6 +80,8 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
             w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
             mk = round_fp32(tl.sum(w.to(tl.float32) * e[None, :], 1), ROUND)   # the r→V linear, in its dtype
             u = tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0).to(tl.float32)   # 16-bit U: exact
+            if MASKED:
+                m = m & (((tl.load(mask_ptr + row * s_mr + v // 32, mask=m, other=0) >> (v % 32)) & 1) != 0)
             lg = tl.where(m, u + mk, float("-inf"))
             t_best = tl.max(lg, 0)
             t_arg = tl.argmax(lg, 0).to(tl.int64) + off
@@ -125,10 +130,46 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     for k in range(n + 1):
         launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
                w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-               k, n, V, D, RANK, chunk, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
+               idx, 0, k, n, V, D, RANK, chunk, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
                BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
-               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype])
+               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype], MASKED=False)
     return drafts, conf
+
+def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor,
+                                w2: torch.Tensor, conf_w: torch.Tensor | None, n: int,
+                                allowed) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`markov_greedy_triton` from a masked view (structured outputs, chapter 02b): `allowed(k, last)` gives the
+    packed masks of position `k` (`[R, W]` int32 words on the device) once it has the drafts `last` of position
+    `k − 1` (a host list; None at `k = 0`), or None to stop. One launch and one small device-to-host copy a
+    position: the launch scores the masked vocabulary in splits, the host picks each row's best split (ties to
+    the lower index, as the next launch does on the device) and gives the grammar its draft. Drafts `[R, m]` and
+    confidence logits `[R, m]` (or None) for the `m ≤ n` positions run."""
+    R, _, V = U.shape
+    RANK, D = w1.shape[1], h.shape[-1]
+    U, h, w1, w2, anchors = (t.contiguous() for t in (U, h, w1, w2, anchors))
+    if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
+    chunk = markov_chunk(R, V)
+    S, dev = triton.cdiv(V, chunk), U.device
+    vals = torch.empty(R, max(n, 1), S, dtype=torch.float32, device=dev)
+    idx = torch.empty(R, max(n, 1), S, dtype=torch.int64, device=dev)
+    drafts = torch.empty(R, max(n, 1), dtype=torch.long, device=dev)
+    conf = torch.empty(R, max(n, 1), dtype=torch.float32, device=dev) if conf_w is not None else None
+    BLOCK_R = triton.next_power_of_2(RANK)
+    last, out = None, []
+    for k in range(n):
+        words = allowed(k, last)
+        if words is None: break
+        launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors, w1, w2,
+               conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
+               words, words.stride(0), k, n, V, D, RANK, chunk, S, BLOCK_V=max(16, min(128, 8192 // BLOCK_R)),
+               BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
+               HAS_CONF=conf_w is not None, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
+        v, i = vals[:, k].cpu(), idx[:, k].cpu()           # [R, S] each: the one wait of the position
+        last = i.gather(1, v.argmax(1, keepdim=True))[:, 0].tolist()
+        out.append(last)
+    m = len(out)
+    got = torch.tensor(out, dtype=torch.long).T.reshape(R, m).to(dev)
+    return got, (conf[:, :m] if conf is not None else None)
 
 markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
 
@@ -299,6 +340,14 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
             a, b = lg[drafts[0, k]].item(), lg[ref_drafts[0, k]].item()
             if abs(a - b) > 1e-2 * max(1.0, abs(b)):
                 return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"
+        words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).to(dev)
+        ok = ((words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1).view(1, -1)[:, :V].bool()
+        md, _ = markov_masked_greedy_triton(U, h, anchors, w1, w2, cw, G, lambda k, last: words)
+        for k in range(G):                       # each masked draft: allowed, and the best allowed after the one before
+            lg = markov_logits(U[:, k].float(), anchors if k == 0 else md[:, k - 1], w1, w2)[0].masked_fill(~ok[0], -1e30)
+            a, b = lg[md[0, k]].item(), lg.max().item()
+            if abs(a - b) > 1e-2 * max(1.0, abs(b)):
+                return f"masked Markov draft {k} is token {int(md[0, k])} (score {a:.4g}), the allowed best scores {b:.4g}"
         why = round_kernels_check(V, G, cfg.sliding_window, dev, gen)   # the round's kernels, on the same draws
         if why is not None: return why
     except Exception as e:                       # a compiler or launch error on this device: keep the torch path

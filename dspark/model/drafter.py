@@ -107,6 +107,7 @@ class DSparkDrafter(nn.Module):
         self.rope_kernel = None                      # ... the fused q/kv norm + RoPE kernel (`kernels_fused.qkv_rope_insert_`)
         self.attn_kernel = None                      # ... the one-launch block attention (`kernels_draft.draft_block_attention`)
         self.markov_kernel = None                    # ... and the greedy Markov loop in γ + 1 launches (`kernels_draft`)
+        self.masked_kernel = None                    # ... and its masked loop, one launch a position
         self.window_kernel = None                    # ... the context window's mask in one (`kernels_draft.window_triton`)
 
     @property
@@ -286,7 +287,7 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
-                      allowed: Callable, greedy: bool = False):
+                      allowed: Callable, greedy: bool = False, packed: Callable | None = None):
         """`propose_rows`' Markov loop from a masked view, over block hidden states `h [R, γ, D]` (`block_hidden`, or
         its captured step): `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool on the device,
         once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to stop. The mask
@@ -295,7 +296,13 @@ class DSparkDrafter(nn.Module):
         rows). Eager, one device-to-host copy a position: the grammar needs each draft before it masks the next.
         `greedy`: every row is greedy, so each draft is the allowed argmax and no `q` is made (None: verification
         of greedy rows needs none). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n`
-        positions run."""
+        positions run. `packed`: `allowed` with the masks as packed words, for the fast path's masked kernel, which
+        greedy rows take (one launch a position)."""
+        if greedy and packed is not None and fast_kernel_ok(self.masked_kernel):
+            mh = self.last.markov_head
+            drafts, conf = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
+                                              mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n, packed)
+            return drafts, None, conf
         U, mh, prev, qs = self.base_logits(h), self.last.markov_head, [anchors], []
         for k in range(min(n, self.block_size)):
             ok = allowed(k, prev[-1].tolist() if k else None)          # the grammar needs the last draft on the host

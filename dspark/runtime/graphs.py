@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton
+from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, markov_masked_greedy_triton
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
 from ..kernels.fp8 import fp8_grouped_linear, fp8_linear, fp8_linear_check
 from ..kernels.fp4_grouped import fp4_moe_check, fp4_moe_layer
@@ -114,7 +114,9 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     if hasattr(model, "rope_kernel"):                      # the DSpark drafter: its block attention and Markov loop
         model.rope_kernel = qkv_rope_insert_
         why = draft_kernels_check(model)                   # chapter 17: on only once they agree on this device
-        if why is None: model.attn_kernel, model.markov_kernel, model.window_kernel = draft_block_attention, markov_greedy_triton, window_triton
+        if why is None:
+            model.attn_kernel, model.markov_kernel, model.window_kernel = draft_block_attention, markov_greedy_triton, window_triton
+            model.masked_kernel = markov_masked_greedy_triton
         else: log.warning("DSpark draft kernels off, the drafter keeps its torch path: %s", why)
     else:                                                  # a target: one GEMM for each layer's x projections
         for blk in getattr(model, "layers", []):

@@ -220,6 +220,18 @@ class DraftWalk:
         self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
 
     def __call__(self, k: int, last: list[int] | None) -> torch.Tensor | None:
+        live = self._walk(k, last)
+        return unpack_masks(self.words, self.V, self.device) if live else None
+
+    def packed(self, k: int, last: list[int] | None) -> torch.Tensor | None:
+        """`walk(k, last)` with the masks left packed: llguidance's words `[R, W]` int32 on the device (the masked
+        Markov kernel reads the bits itself), or None once no request drafts further."""
+        if not self._walk(k, last): return None
+        w = torch.from_numpy(self.words)
+        return w.pin_memory().to(self.device, non_blocking=True) if torch.device(self.device).type == "cuda" else w.clone()
+
+    def _walk(self, k: int, last: list[int] | None) -> list[int]:
+        "Take the drafts `last`, fill `self.words` with position `k`'s masks; the requests still drafting."
         words, live = self.words, []
         words[:] = -1                                                        # every token, for rows that have ended
         for i, m in enumerate(self.ms):
@@ -233,7 +245,7 @@ class DraftWalk:
         for i in list(live):
             if _any_below(words[i], self.V): self.rows[i].append(words[i].copy())
             else: self.n[i] = k; words[i] = -1; live.remove(i)               # nothing of this vocabulary: stop here
-        return unpack_masks(words, self.V, self.device) if live else None
+        return live
 
     def close(self, drafts: list[list[int]]) -> None:
         """After the drafter's loop, given each request's drafts (at least its `n[i]`): the matchers take the drafts
