@@ -22,9 +22,10 @@ import triton.language as tl
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_quant, e8m0_to_float, quantize_fp8
 
 # %% auto #0
-__all__ = ['FP8_SMALL_M', 'FP8_TILES', 'FP8_TILE_CHOICES', 'FP8_SPLITS', 'HAS_BLOCKWISE_SCALED_MM', 'fp8_linear_ref',
-           'fp8_grouped_linear_ref', 'FP8Config', 'fp8_config', 'fp8_linear_triton', 'act_quant_triton',
-           'fp8_linear_library', 'fp8_library_ok', 'fp8_linear', 'fp8_grouped_linear', 'fp8_linear_check']
+__all__ = ['FP8_SMALL_M', 'FP8_TILES', 'FP8_TILE_CHOICES', 'FP8_SPLITS', 'FP8_PREQ_TILE', 'FP8_GEMV_N', 'HAS_BLOCKWISE_SCALED_MM',
+           'fp8_linear_ref', 'fp8_grouped_linear_ref', 'FP8Config', 'fp8_config', 'fp8_linear_triton',
+           'act_quant_triton', 'fp8_linear_library', 'fp8_library_ok', 'fp8_linear', 'fp8_grouped_linear',
+           'fp8_linear_check']
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f80505c8
 def _check_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
@@ -84,13 +85,14 @@ def _quant_slab(xv, FMAX: tl.constexpr):
     return r * step, xs
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, G,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr):
+def _fp8_linear_kernel(x_ptr, s_xm, xs_ptr, Mp, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, G,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr, PREQ: tl.constexpr):
     """Program (n, s, m): rows `m·BLOCK_M …` × columns `n·BLOCK_N …` of `x · wᵀ` over the s-th run of
     `BLOCKS_PER_SPLIT` 128-blocks of K, accumulated in fp32 and stored (cast to the output's dtype) at split `s` of
     `out [splits, M, G·N]`. `x` is quantised per 128-block as `act_quant`; `ws` holds the e8m0 scale bytes. With
     `G` groups, program id 2 also numbers the group `g`: its input is `x[:, g·K:(g+1)·K]`, its weight rows
-    `g·N … g·N + N − 1`, its output columns the same (`G = 1`: one plain linear)."""
+    `g·N … g·N + N − 1`, its output columns the same (`G = 1`: one plain linear). `PREQ`: `x` holds the e4m3 codes
+    `act_quant_triton` made once and `xs_ptr` their scales `[G·K/128, Mp]`, so no program quantises again."""
     pid_n, pid_s, pid_mg = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m_blocks = tl.cdiv(M, BLOCK_M)
     g = pid_mg // m_blocks
@@ -108,8 +110,11 @@ def _fp8_linear_kernel(x_ptr, s_xm, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_
     first = pid_s * BLOCKS_PER_SPLIT
     for b in range(first, tl.minimum(first + BLOCKS_PER_SPLIT, n_blocks)):
         k = b * 128 + kk
-        xv = tl.load(x_rows + k[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32)
-        xq, xs = _quant_slab(xv, FMAX)
+        if PREQ:
+            xq = tl.load(x_rows + k[None, :], mask=m_ok[:, None], other=0.0)
+            xs = tl.load(xs_ptr + (g * n_blocks + b) * Mp + m, mask=m_ok, other=0.0)
+        else:
+            xq, xs = _quant_slab(tl.load(x_rows + k[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32), FMAX)
         wq = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
         wsc = tl.exp2(tl.load(ws_rows + b, mask=n_ok, other=127).to(tl.float32) - 127.0)
         part = tl.dot(xq.to(tl.float8e4nv), tl.trans(wq))           # fp8 × fp8, fp32 sum over the 128-block
@@ -127,6 +132,29 @@ def _split_sum_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.const
         acc += tl.load(part_ptr + s * MN + i, mask=ok, other=0.0)
     tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, N, K, BLOCKS_PER_SPLIT, GROUP_N, BLOCK_N: tl.constexpr,
+                     SUB: tl.constexpr, FMAX: tl.constexpr):
+    """Program (n, s): one row's product with weight rows `n·BLOCK_N …` over split `s` (`BLOCKS_PER_SPLIT` 128-blocks,
+    `SUB` of them a loop trip), without tensor cores: each e4m3 tile is widened in registers and met by the row,
+    quantised as `act_quant`. Rows of group `g` (`GROUP_N` rows each) read the row's `g`-th `K` inputs. fp32 out."""
+    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok, nb, kk = n < N, K // 128, tl.arange(0, SUB * 128)
+    x_row = x_ptr + ((pid_n * BLOCK_N) // GROUP_N).to(tl.int64) * K
+    w_rows = w_ptr + n[:, None].to(tl.int64) * K
+    ws_rows = ws_ptr + (n // 128) * nb
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    first = pid_s * BLOCKS_PER_SPLIT
+    for b in range(first, tl.minimum(first + BLOCKS_PER_SPLIT, nb), SUB):
+        xq, xs = _quant_slab(tl.reshape(tl.load(x_row + b * 128 + kk).to(tl.float32), (SUB, 128)), FMAX)
+        w = tl.load(w_rows + b * 128 + kk[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+        part = tl.sum(tl.reshape(w, (BLOCK_N, SUB, 128)) * xq[None, :, :], 2)                  # [BLOCK_N, SUB]
+        wsc = tl.exp2(tl.load(ws_rows[:, None] + b + tl.arange(0, SUB)[None, :], mask=n_ok[:, None], other=127)
+                      .to(tl.float32) - 127.0)
+        acc += tl.sum(part * wsc * xs[None, :], 1)
+    tl.store(out_ptr + pid_s.to(tl.int64) * N + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
 # %% ../../nbs/18a_kernels_fp8.ipynb #f810446a
 class FP8Config(NamedTuple):
     "One launch of `_fp8_linear_kernel`."
@@ -140,6 +168,8 @@ FP8_SMALL_M = 256          # rows up to which `fp8_linear` may run the split-K k
 FP8_TILES = {16: (128, 8, 3), 32: (64, 4, 4), 64: (128, 4, 3)}  # BLOCK_M -> (BLOCK_N, num_warps, num_stages): H100 sweep
 FP8_TILE_CHOICES = ((32, 4, 4), (64, 4, 4), (64, 4, 3), (128, 4, 3), (128, 8, 3))   # what the benchmark sweeps
 FP8_SPLITS = (1, 2, 4, 8, 16)
+FP8_PREQ_TILE = (64, 4, 3)  # (BLOCK_N, num_warps, num_stages) on activations quantised once, 17-64 rows: H100 sweep
+FP8_GEMV_N = 32             # weight rows a one-row program reads (64 when that would make over four programs an SM)
 _SMS: dict[str, int] = {}
 
 def _sm_count(device) -> int:
@@ -163,26 +193,51 @@ def fp8_config(M: int, O: int, I: int, sms: int = 132) -> FP8Config:
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                       config: FP8Config | None = None, groups: int = 1) -> torch.Tensor:
     """`fp8_linear_ref`'s product by the split-K Triton kernel: `x [..., I]` (fp32, bf16 or fp16) -> `[..., O]` in
-    `x.dtype`, one launch (two with split-K), no host sync. With `groups = G`, `x [..., G, I/G]` meets the weight's
-    `G` row blocks one each (`fp8_grouped_linear`) and the result is `[..., G, O/G]`."""
+    `x.dtype`, one launch (two with split-K; three when the activations are quantised first), no host sync. With
+    `groups = G`, `x [..., G, I/G]` meets the weight's `G` row blocks one each (`fp8_grouped_linear`) and the result
+    is `[..., G, O/G]`. Without a `config`: one row takes the GEMV kernel (no tensor cores: a row fills one of the
+    MMA's 16); 17 rows or more are quantised once (`act_quant_triton`) instead of in every program, which at 64 rows
+    had spent more time than the weights' stream (H100 sweep: 1.5-1.9x slower than quantising once)."""
     O, I = _check_args(x, weight, scale) if groups == 1 else _check_grouped(x, weight, scale, groups)
     x2 = x.reshape(-1, groups * I)
     if x2.stride(-1) != 1: x2 = x2.contiguous()
     M = x2.shape[0]
     y = torch.empty(M, groups * O, dtype=x.dtype, device=x.device)
     if M == 0: return y.view(*x.shape[:-1], O)
-    c = config or fp8_config(M, groups * O, I, _sm_count(x.device))
-    blocks = I // ACT_BLOCK
+    sms, blocks = _sm_count(x.device), I // ACT_BLOCK
+    if config is None and M == 1 and O % FP8_GEMV_N == 0:
+        return _gemv(x2, weight, scale, groups, O, I, sms).view(*x.shape[:-1], O)
+    preq = config is None and M > 16
+    c = config or fp8_config(M, groups * O, I, sms)
+    if preq: c = c._replace(block_n=FP8_PREQ_TILE[0], num_warps=FP8_PREQ_TILE[1], num_stages=FP8_PREQ_TILE[2])
+    xq, xs = act_quant_triton(x2) if preq else (x2, x2)
     per_split = triton.cdiv(blocks, c.split_k)
     splits = triton.cdiv(blocks, per_split)                     # no empty split
     out = y if splits == 1 else torch.empty(splits, M, groups * O, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(O, c.block_n), splits, triton.cdiv(M, c.block_m) * groups)
-    launch(_fp8_linear_kernel, grid, x2, x2.stride(0), weight.contiguous(), scale.view(torch.uint8).contiguous(), out,
-           M, O, I, per_split, groups, BLOCK_M=c.block_m, BLOCK_N=c.block_n, FMAX=FP8_MAX, num_warps=c.num_warps,
-           num_stages=c.num_stages)
+    launch(_fp8_linear_kernel, grid, xq, xq.stride(0), xs, xq.shape[0], weight.contiguous(),
+           scale.view(torch.uint8).contiguous(), out, M, O, I, per_split, groups, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+           FMAX=FP8_MAX, PREQ=preq, num_warps=c.num_warps, num_stages=c.num_stages)
     if splits > 1:
         launch(_split_sum_kernel, (triton.cdiv(M * groups * O, 1024),), out, y, M * groups * O, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], O)
+
+def _gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, groups: int, O: int, I: int, sms: int) -> torch.Tensor:
+    """One row `x [1, G·I]` by `_fp8_gemv_kernel`: `[1, G·O]` in `x.dtype`. Tiles of `FP8_GEMV_N` rows, four 128-blocks
+    a trip where the width allows, K split while the programs stay within four per SM (H100 sweep of
+    `benchmarks/scripts/fp8_gemv_gpu.py`: the best launch of every V4-Flash FP8 matrix within 4%)."""
+    blocks, N = I // ACT_BLOCK, groups * O
+    sub = 4 if blocks % 4 == 0 else 2 if blocks % 2 == 0 else 1
+    bn = 2 * FP8_GEMV_N if triton.cdiv(N, FP8_GEMV_N) > 4 * sms and O % (2 * FP8_GEMV_N) == 0 else FP8_GEMV_N
+    split = 1
+    while triton.cdiv(N, bn) * split * 2 <= 4 * sms and blocks % (2 * split * sub) == 0: split *= 2
+    y = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    out = y if split == 1 else torch.empty(split, N, dtype=torch.float32, device=x.device)
+    launch(_fp8_gemv_kernel, (triton.cdiv(N, bn), split), x, weight.contiguous(), scale.view(torch.uint8).contiguous(),
+           out, N, I, blocks // split, O, BLOCK_N=bn, SUB=sub, FMAX=FP8_MAX, num_warps=4)
+    if out is not y:
+        launch(_split_sum_kernel, (triton.cdiv(N, 1024),), out, y, N, SPLITS=split, BLOCK=1024)
+    return y
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f8185b98
 @triton.jit
@@ -257,9 +312,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     O, I = _check_args(x, weight, scale)
     M = x.numel() // I
     library = (I // ACT_BLOCK) % 4 == 0 and O % 16 == 0 and fp8_library_ok(x.device)
-    # the split-K kernel streams weights fastest up to 16 rows; from 64 rows the library GEMM wins on every V4-Flash
-    # matrix of 8 MiB or more (H100 sweep, benchmarks/scripts/fp8_kernels_gpu.py)
-    if M <= 16 or (M <= 64 and O * I < 2**23) or (M <= FP8_SMALL_M and not library):
+    # up to 64 rows the Triton kernels stream the weights faster than the library GEMM on every V4-Flash matrix; at
+    # 256 the library wins on all (H100 sweeps, benchmarks/scripts/fp8_kernels_gpu.py and fp8_gemv_gpu.py)
+    if M <= 64 or (M <= FP8_SMALL_M and not library):
         return fp8_linear_triton(x, weight, scale)
     if library:
         return fp8_linear_library(x, weight, scale)
@@ -278,12 +333,14 @@ _CHECK_TOL = {torch.float32: 1e-3, torch.bfloat16: 2 ** -7 + 1e-3, torch.float16
 
 @torch.no_grad()
 def fp8_linear_check(device: str | torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> str | None:
-    """The FP8 paths on `device` in `dtype` against `fp8_linear_ref`: the split-K kernel at 1, 5 and 33 rows (a
-    partial output block, split-K on and off) and `fp8_linear` at 300 rows (the large-M path). None when all agree
+    """The FP8 paths on `device` in `dtype` against `fp8_linear_ref`: the one-row GEMV, the split-K kernel at 5 and 33
+    rows (a partial output block, split-K on and off), at 40 on activations quantised once, and `fp8_linear` at 300
+    rows (the large-M path); the grouped launch at 1 and 5 rows. None when all agree
     within `_CHECK_TOL` of the output's magnitude, else what went wrong."""
     g = torch.Generator().manual_seed(seed)
     try:
-        for M, O, I, split in ((1, 256, 512, None), (5, 200, 384, 1), (33, 256, 384, 3), (300, 256, 512, None)):
+        for M, O, I, split in ((1, 256, 512, None), (5, 200, 384, 1), (33, 256, 384, 3), (40, 256, 384, None),
+                               (300, 256, 512, None)):
             w = torch.randn(O, I, generator=g) * I ** -0.5
             wq, ws = (t.to(device) for t in quantize_fp8(w))
             x = torch.randn(M, I, generator=g).to(device, dtype)
