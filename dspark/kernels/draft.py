@@ -168,7 +168,7 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
         last = i.gather(1, v.argmax(1, keepdim=True))[:, 0].tolist()
         out.append(last)
     m = len(out)
-    got = torch.tensor(out, dtype=torch.long).T.reshape(R, m).to(dev)
+    got = torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(dev)
     return got, (conf[:, :m] if conf is not None else None)
 
 markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
