@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/kernels_draft.html.md"""
 # %% ../../nbs/17_kernels_draft.ipynb #59fc7722
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
@@ -155,7 +156,9 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
     drafts = torch.empty(R, max(n, 1), dtype=torch.long, device=dev)
     conf = torch.empty(R, max(n, 1), dtype=torch.float32, device=dev) if conf_w is not None else None
     BLOCK_R = triton.next_power_of_2(RANK)
-    last, out = None, []
+    cuda = dev.type == "cuda"                      # the partials come back through pinned memory, both in one wait
+    hv, hi = (torch.empty(R, S, dtype=t, pin_memory=cuda) for t in (torch.float32, torch.int64))
+    last, out, rows = None, [], np.arange(R)
     for k in range(n):
         words = allowed(k, last)
         if words is None: break
@@ -164,8 +167,9 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
                words, words.stride(0), k, n, V, D, RANK, chunk, S, BLOCK_V=max(16, min(128, 8192 // BLOCK_R)),
                BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
                HAS_CONF=conf_w is not None, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
-        v, i = vals[:, k].cpu(), idx[:, k].cpu()           # [R, S] each: the one wait of the position
-        last = i.gather(1, v.argmax(1, keepdim=True))[:, 0].tolist()
+        hv.copy_(vals[:, k], non_blocking=cuda); hi.copy_(idx[:, k], non_blocking=cuda)
+        if cuda: torch.cuda.current_stream(dev).synchronize()   # the one wait of the position
+        last = hi.numpy()[rows, hv.numpy().argmax(1)].tolist()  # each row's best split (the first of equal ones)
         out.append(last)
     m = len(out)
     got = torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(dev)
