@@ -37,7 +37,7 @@ def round_fp32(x, TO: tl.constexpr):
         x = x.to(tl.float16).to(tl.float32)
     return x
 
-@triton.jit
+@triton.jit(do_not_specialize=["k", "n"])   # one binary for every position and depth: no compile in mid-stream
 def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
                         drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONF: tl.constexpr,
