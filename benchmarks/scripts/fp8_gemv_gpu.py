@@ -3,13 +3,16 @@ FP8 matrices and at the two stacks a layer could make of them (`w1|w3` of the sh
 
 - `gemv`: one row, no tensor cores: each program streams `[BLOCK_N, 128·SUB]` e4m3 tiles, converts them in registers
   and multiplies by the row quantised as `act_quant` (`SUB` scale blocks per loop trip, `tl.range(num_stages)`);
-- `preq`: the `tl.dot` kernel fed by activations quantised once (`act_quant_triton`), not in every program.
+- `preq`: the `tl.dot` kernel fed by activations quantised once (`act_quant_triton`), not in every program;
+- `gemv_rows` (`--rows`, alone): the GEMV for a verify or draft step's 2-16 rows, each tile widened once for all
+  of them (config = ROWS, BLOCK_N, SUB, split, warps). Not yet run on a GPU.
 
 Each config is checked against `fp8_linear_ref` on the first copy and timed as in `fp8_kernels_gpu.py` (a CUDA graph
 over a rotation of weight copies twice the L2). Then one layer's FP8 weights at one row in one graph: the kernel as
 shipped, the best gemv config of each matrix, and the same with the two stacks.
 
     OUT=. python benchmarks/scripts/fp8_gemv_gpu.py              # H100/H200, about 3 minutes; $OUT/fp8_gemv.json
+    OUT=. python benchmarks/scripts/fp8_gemv_gpu.py --rows       # the few-row GEMV only
     python benchmarks/scripts/fp8_gemv_gpu.py --cpu-smoke        # tiny shapes on Triton's interpreter
 """
 import argparse, itertools, json, os, sys, time
@@ -54,6 +57,32 @@ def _gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, N, K, BLOCKS_PER_SPLIT, BLOCK_N:
                       .to(tl.float32) - 127.0)
         acc += tl.sum(part * wsc * xs[None, :], 1)
     tl.store(out_ptr + pid_s.to(tl.int64) * N + n, acc, mask=n_ok)
+
+
+@triton.jit
+def _gemv_rows_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SUB: tl.constexpr, FMAX: tl.constexpr):
+    """`_gemv_kernel` for up to ROWS rows: each e4m3 tile is widened once and met by every row in turn (no tensor
+    cores: a verify or draft step's few rows would fill a few of the MMA's 16)."""
+    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok, nb, kk, rr = n < N, K // 128, tl.arange(0, SUB * 128), tl.arange(0, ROWS)
+    w_rows = w_ptr + n[:, None].to(tl.int64) * K
+    ws_rows = ws_ptr + (n // 128) * nb
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    first = pid_s * BLOCKS_PER_SPLIT
+    for b in range(first, tl.minimum(first + BLOCKS_PER_SPLIT, nb), SUB):
+        w = tl.reshape(tl.load(w_rows + b * 128 + kk[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32),
+                       (BLOCK_N, SUB, 128))
+        wsc = tl.exp2(tl.load(ws_rows[:, None] + b + tl.arange(0, SUB)[None, :], mask=n_ok[:, None], other=127)
+                      .to(tl.float32) - 127.0)
+        for r in tl.static_range(ROWS):
+            xv = tl.load(x_ptr + r * K + b * 128 + kk, mask=(kk * 0 + r) < M, other=0.0).to(tl.float32)
+            xq, xs = F8._quant_slab(tl.reshape(xv, (SUB, 128)), FMAX)
+            part = tl.sum(tl.sum(w * xq[None, :, :], 2) * wsc * xs[None, :], 1)              # [BLOCK_N]
+            acc += tl.where(rr[:, None] == r, part[None, :], 0.0)
+    out = out_ptr + pid_s.to(tl.int64) * M * N + rr[:, None].to(tl.int64) * N + n[None, :]
+    tl.store(out, acc, mask=(rr[:, None] < M) & n_ok[None, :])
 
 
 @triton.jit
@@ -102,6 +131,21 @@ def gemv(x, w, s, c):
     return y
 
 
+def gemv_rows(x, w, s, c):
+    "M <= ROWS rows through `_gemv_rows_kernel` with c = (ROWS, BLOCK_N, SUB, split, warps)."
+    rows, bn, sub, split, warps = c
+    M, Kd = x.shape
+    N = w.shape[0]
+    per = triton.cdiv(triton.cdiv(Kd // 128, split), sub) * sub
+    S = triton.cdiv(Kd // 128, per)
+    out = torch.empty(S, M, N, dtype=torch.float32, device=x.device)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    _gemv_rows_kernel[(triton.cdiv(N, bn), S)](x, w, s.view(torch.uint8), out, M, N, Kd, per, ROWS=rows, BLOCK_N=bn,
+                                               SUB=sub, FMAX=F8.FP8_MAX, num_warps=warps)
+    splits_sum(out.view(S, M * N), y.view(M * N))
+    return y
+
+
 def preq(x, w, s, c):
     "`act_quant_triton` once, then `_preq_kernel` with c = (BLOCK_M, BLOCK_N, split, warps, stages)."
     bm, bn, split, warps, stages = c
@@ -145,6 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--budget-s", type=float, default=30.0, help="seconds for one matrix's sweep at one M")
+    ap.add_argument("--rows", action="store_true", help="only the few-row GEMV against the shipped kernel, at 2, 4, 8, 16 rows")
     args = ap.parse_args()
     smoke = args.cpu_smoke
     dev = "cpu" if smoke else "cuda"
@@ -163,6 +208,10 @@ def main() -> None:
     res = {"command": " ".join(sys.argv), "machine": torch.cuda.get_device_name() if not smoke else "cpu",
            "torch": torch.__version__, "triton": triton.__version__, "rows": [], "layer": []}
     weights, best_gemv = {}, {}
+    if args.rows:
+        rows_sweep(res, shapes, smoke, dev, g, args.budget_s)
+        print(f"wrote {save(res)}")
+        return
     for name, (O, I) in shapes.items():
         w, s = random_fp8(O, I, dev, g)
         nbytes = O * I + s.numel()
@@ -206,6 +255,24 @@ def main() -> None:
         print(json.dumps(r), flush=True)
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     print(f"wrote {save(res)} in {res['wall_s']} s")
+
+
+def rows_sweep(res, shapes, smoke, dev, g, budget) -> None:
+    "`--rows`: the shipped kernel and the few-row GEMV at 2, 4, 8 and 16 rows on every matrix."
+    for name, (O, I) in shapes.items():
+        w, s = random_fp8(O, I, dev, g)
+        nbytes = O * I + s.numel()
+        n = copies_for(nbytes, smoke)
+        wc, sc = [w] + [w.clone() for _ in range(n - 1)], [s] + [s.clone() for _ in range(n - 1)]
+        for M in (2, 4) if smoke else (2, 4, 8, 16):
+            x = torch.randn(M, I, device=dev, generator=g).bfloat16()
+            ref = F8.fp8_linear_ref(x, w, s)
+            sweep(res, name, "ship", M, lambda x, w, s, c: F8.fp8_linear_triton(x, w, s), [None], x, wc, sc, ref, nbytes, 1e9)
+            blocks = I // 128
+            cf = [(M, bn, sub, sp, wp) for bn in (16, 32) for sub in (1, 2, 4) for sp in (1, 2, 4, 8) for wp in (4, 8)
+                  if blocks % (sp * sub) == 0 and (smoke or 66 <= -(-O // bn) * sp <= 800)][:2 if smoke else None]
+            sweep(res, name, "gemv_rows", M, gemv_rows, cf, x, wc, sc, ref, nbytes, budget)
+        save(res)
 
 
 def save(res: dict) -> Path:
