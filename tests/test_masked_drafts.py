@@ -149,3 +149,26 @@ def test_the_masked_markov_kernel_drafts_what_the_eager_loop_drafts(llm):
     finally: drafter.masked_kernel = None
     assert got == want and fast == eager and len(calls) > 0 and len(fast) > 0
     assert _forbidden(llm, fast) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_forced_positions_run_nothing_and_change_nothing(llm, temperature):
+    """A draft position where every request's grammar allows one token (a JSON key, a quote, a brace) is drafted as
+    that token without a Markov step (`DraftWalk.forced`): the masked law there is one-hot on it whatever the
+    logits. Round by round the drafts, and the outputs, equal those with every position computed, greedy and
+    sampled, with fewer Markov steps."""
+    drafter = llm.engine.runner.proposer.drafter
+    w2, steps = drafter.last.markov_head.markov_w2, []
+    forward = w2.forward
+    w2.forward = lambda x: steps.append(1) or forward(x)
+    got = {}
+    try:
+        for skip in (True, False):
+            drafter.skip_forced, steps[:] = skip, []
+            outs, d, seen = _run(llm, True, temperature)
+            got[skip] = ([o.outputs[0].token_ids for o in outs], seen, len(steps))
+    finally: w2.forward, drafter.skip_forced = forward, True
+    print(temperature, "Markov steps with and without skipping:", got[True][2], got[False][2])
+    assert got[True][0] == got[False][0] and got[True][1] == got[False][1] and len(got[True][1]) > 0
+    assert got[True][2] < got[False][2] // 2, (got[True][2], got[False][2])   # most JSON positions are forced

@@ -47,10 +47,12 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
     where it is (ties to the lowest index, as `torch.argmax`). Split 0 also writes draft `k − 1` and, with
     `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch `k = n` only writes the last draft. `MASKED`:
     only tokens whose bit is set in the row's packed mask (`mask_ptr`, int32 words, bit `v % 32` of word `v // 32`)
-    compete."""
+    compete, and the previous token always comes from `anchor_ptr` (the host knows it: it gave the grammar)."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
-    if k == 0:
+    if MASKED:
+        prev = tl.load(anchor_ptr + row).to(tl.int64)
+    elif k == 0:
         prev = tl.load(anchor_ptr + row).to(tl.int64)
     else:
         s = tl.arange(0, BLOCK_S)        # names of their own: with k == 1 a constant, this branch is inlined and a
@@ -137,14 +139,14 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     return drafts, conf
 
 def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor,
-                                w2: torch.Tensor, conf_w: torch.Tensor | None, n: int,
-                                allowed) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                w2: torch.Tensor, n: int, allowed, forced=None) -> torch.Tensor:
     """`markov_greedy_triton` from a masked view (structured outputs, chapter 02b): `allowed(k, last)` gives the
     packed masks of position `k` (`[R, W]` int32 words on the device) once it has the drafts `last` of position
-    `k − 1` (a host list; None at `k = 0`), or None to stop. One launch and one small device-to-host copy a
-    position: the launch scores the masked vocabulary in splits, the host picks each row's best split (ties to
-    the lower index, as the next launch does on the device) and gives the grammar its draft. Drafts `[R, m]` and
-    confidence logits `[R, m]` (or None) for the `m ≤ n` positions run."""
+    `k − 1` (a host list; None at `k = 0`), or None to stop; `forced()`, when given, then names the token every row
+    must take there (one-token masks) or None. One launch and one small device-to-host copy a position that is not
+    forced: the launch scores the masked vocabulary in splits from the previous drafts the host hands it, the host
+    picks each row's best split (the first of equal ones) and gives the grammar its draft; a forced position costs
+    the device nothing. Drafts `[R, m]` for the `m ≤ n` positions run."""
     R, _, V = U.shape
     RANK, D = w1.shape[1], h.shape[-1]
     U, h, w1, w2, anchors = (t.contiguous() for t in (U, h, w1, w2, anchors))
@@ -153,27 +155,30 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
     S, dev = triton.cdiv(V, chunk), U.device
     vals = torch.empty(R, max(n, 1), S, dtype=torch.float32, device=dev)
     idx = torch.empty(R, max(n, 1), S, dtype=torch.int64, device=dev)
-    drafts = torch.empty(R, max(n, 1), dtype=torch.long, device=dev)
-    conf = torch.empty(R, max(n, 1), dtype=torch.float32, device=dev) if conf_w is not None else None
     BLOCK_R = triton.next_power_of_2(RANK)
     cuda = dev.type == "cuda"                      # the partials come back through pinned memory, both in one wait
     hv, hi = (torch.empty(R, S, dtype=t, pin_memory=cuda) for t in (torch.float32, torch.int64))
+    hp = torch.empty(R, dtype=torch.int64, pin_memory=cuda)                 # the previous drafts, to the device
     last, out, rows = None, [], np.arange(R)
     for k in range(n):
         words = allowed(k, last)
         if words is None: break
-        launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors, w1, w2,
-               conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-               words, words.stride(0), k, n, V, D, RANK, chunk, S, BLOCK_V=max(16, min(128, 8192 // BLOCK_R)),
-               BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
-               HAS_CONF=conf_w is not None, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
+        if forced is not None and (f := forced()) is not None:
+            last = f; out.append(f); continue
+        if last is None: prev = anchors
+        else:
+            hp.numpy()[:] = last
+            prev = hp.to(dev, non_blocking=cuda)
+        launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), prev, w1, w2,
+               w1, vals, idx, idx, vals, words, words.stride(0), k, n, V, D, RANK, chunk, S,
+               BLOCK_V=max(16, min(128, 8192 // BLOCK_R)), BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(S),
+               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
         hv.copy_(vals[:, k], non_blocking=cuda); hi.copy_(idx[:, k], non_blocking=cuda)
         if cuda: torch.cuda.current_stream(dev).synchronize()   # the one wait of the position
         last = hi.numpy()[rows, hv.numpy().argmax(1)].tolist()  # each row's best split (the first of equal ones)
         out.append(last)
     m = len(out)
-    got = torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(dev)
-    return got, (conf[:, :m] if conf is not None else None)
+    return torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(dev)
 
 markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
 
@@ -346,7 +351,7 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
                 return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"
         words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).to(dev)
         ok = ((words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1).view(1, -1)[:, :V].bool()
-        md, _ = markov_masked_greedy_triton(U, h, anchors, w1, w2, cw, G, lambda k, last: words)
+        md = markov_masked_greedy_triton(U, h, anchors, w1, w2, G, lambda k, last: words)
         for k in range(G):                       # each masked draft: allowed, and the best allowed after the one before
             lg = markov_logits(U[:, k].float(), anchors if k == 0 else md[:, k - 1], w1, w2)[0].masked_fill(~ok[0], -1e30)
             a, b = lg[md[0, k]].item(), lg.max().item()

@@ -108,6 +108,7 @@ class DSparkDrafter(nn.Module):
         self.attn_kernel = None                      # ... the one-launch block attention (`kernels_draft.draft_block_attention`)
         self.markov_kernel = None                    # ... and the greedy Markov loop in γ + 1 launches (`kernels_draft`)
         self.masked_kernel = None                    # ... and its masked loop, one launch a position
+        self.skip_forced = True                      # masked drafting: a position the grammar forces runs nothing
         self.window_kernel = None                    # ... the context window's mask in one (`kernels_draft.window_triton`)
 
     @property
@@ -287,7 +288,8 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
-                      allowed: Callable, greedy: bool = False, packed: Callable | None = None):
+                      allowed: Callable, greedy: bool = False, packed: Callable | None = None,
+                      forced: Callable | None = None):
         """`propose_rows`' Markov loop from a masked view, over block hidden states `h [R, γ, D]` (`block_hidden`, or
         its captured step): `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool on the device,
         once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to stop. The mask
@@ -297,20 +299,32 @@ class DSparkDrafter(nn.Module):
         `greedy`: every row is greedy, so each draft is the allowed argmax and no `q` is made (None: verification
         of greedy rows needs none). Drafts `[R, m]`, `q [R, m, V]` and confidence logits `[R, m]` for the `m ≤ n`
         positions run. `packed`: `allowed` with the masks as packed words, for the fast path's masked kernel, which
-        greedy rows take (one launch a position)."""
+        greedy rows take (one launch a position). `forced()`, asked after `allowed`: the token every row must take
+        at that position (each mask allows one token), or None; such a position runs nothing on the device, since
+        the masked distribution is one-hot on that token whatever the logits (`skip_forced` off: computed anyway)."""
+        forced = forced if self.skip_forced else None
         if greedy and packed is not None and fast_kernel_ok(self.masked_kernel):
             mh = self.last.markov_head
-            drafts, conf = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
-                                              mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n, packed)
-            return drafts, None, conf
-        U, mh, prev, qs = self.base_logits(h), self.last.markov_head, [anchors], []
+            drafts = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
+                                        mh.markov_w2.weight, n, packed, forced)
+            m = drafts.shape[1]
+            return drafts, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], drafts[:, :m - 1]], 1)[:, :m])
+        U, mh, prev, qs, last = self.base_logits(h), self.last.markov_head, [anchors], [], None
         for k in range(min(n, self.block_size)):
-            ok = allowed(k, prev[-1].tolist() if k else None)          # the grammar needs the last draft on the host
+            if isinstance(last, torch.Tensor): last = last.tolist()
+            ok = allowed(k, last)                              # the grammar needs the last draft on the host
             if ok is None: break
+            if forced is not None and (f := forced()) is not None:
+                last = f
+                prev.append(torch.tensor(f, device=anchors.device))
+                if not greedy: qs.append(ok.float())            # one allowed token: the masked law is one-hot on it
+                continue
             x = torch.add(U[:, k], mh.markov_w2(mh.markov_w1(prev[-1]))).masked_fill(~ok, float("-inf"))
-            if greedy: prev.append(x.argmax(-1)); continue
-            qs.append(row_probs(x, rp))
-            prev.append(draw_keyed(qs[-1], rp.seed, P + k + 1, STREAMS["draft"]))
+            if greedy: prev.append(x.argmax(-1))
+            else:
+                qs.append(row_probs(x, rp))
+                prev.append(draw_keyed(qs[-1], rp.seed, P + k + 1, STREAMS["draft"]))
+            last = prev[-1]                                    # read back only if another position follows
         m = len(prev) - 1
         q = None if greedy else torch.stack(qs, 1) if qs else U[:, :0]
         if not m: return anchors[:, None][:, :0], q, U.new_zeros(len(anchors), 0)

@@ -75,6 +75,13 @@ def _eos_only(row: np.ndarray, eos: int) -> None:
     row[:] = 0
     row[eos // 32] = np.array([1 << eos % 32], dtype=np.uint32).view(np.int32)[0]
 
+def _only_token(row: np.ndarray) -> int | None:
+    "The one token the mask `row` allows, or None when it allows several."
+    nz = np.flatnonzero(row)
+    if len(nz) != 1: return None
+    w = int(row[nz[0]]) & 0xFFFFFFFF
+    return int(nz[0]) * 32 + w.bit_length() - 1 if w & (w - 1) == 0 else None
+
 def _any_below(row: np.ndarray, V: int) -> bool:
     "Whether the mask `row` allows any token id below `V` (the model's vocabulary; the tokenizer's may be larger)."
     w, full = row.view(np.uint32), V // 32
@@ -221,6 +228,7 @@ class DraftWalk:
         self.rows = [[] for _ in reqs]              # each request's masks, position by position
         self.took = [0] * len(reqs)                 # drafts each matcher has taken
         self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
+        self._forced: list[int] | None = None       # the last position's one-token masks (`forced`)
 
     def __call__(self, k: int, last: list[int] | None) -> torch.Tensor | None:
         live = self._walk(k, last)
@@ -229,8 +237,8 @@ class DraftWalk:
     def packed(self, k: int, last: list[int] | None) -> torch.Tensor | None:
         """`walk(k, last)` with the masks left packed: llguidance's words `[R, W]` int32 on the device (the masked
         Markov kernel reads the bits itself), or None once no request drafts further. On a GPU the copy leaves from
-        the walk's pinned words without waiting; the caller waits for its position's result before the next call
-        (the masked loop reads each draft back), so the words are not rewritten under a copy in flight."""
+        the walk's pinned words without waiting; the masked loop reads each computed draft back before the next
+        call, so only the copy of a forced position (never read) may meet the next position's words."""
         if not self._walk(k, last): return None
         if self.pinned is not None: return self.pinned.to(self.device, non_blocking=True)
         return torch.from_numpy(self.words.copy())
@@ -250,7 +258,17 @@ class DraftWalk:
         for i in list(live):
             if _any_below(words[i], self.V): self.rows[i].append(words[i].copy())
             else: self.n[i] = k; words[i] = -1; live.remove(i)               # nothing of this vocabulary: stop here
+        self._forced = [0] * len(self.ms) if live else None
+        for i in live:
+            if (t := _only_token(words[i])) is None: self._forced = None; break
+            self._forced[i] = t
         return live
+
+    def forced(self) -> list[int] | None:
+        """After a position's walk: the token each request must draft there when every request still drafting has a
+        one-token mask (the masked law is one-hot on it, whatever the drafter's logits), else None. Requests that
+        stopped drafting get token 0: what is drawn for them is dropped."""
+        return self._forced
 
     def close(self, drafts: list[list[int]]) -> None:
         """After the drafter's loop, given each request's drafts (at least its `n[i]`): the matchers take the drafts

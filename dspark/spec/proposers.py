@@ -253,7 +253,7 @@ class DSparkProposer(Proposer):
             h = self.drafter.block_hidden(a, p, self.ctx.rows, valid, s)
         greedy = all(sp.greedy for sp in params)                    # no q to keep: greedy rows verify by the argmax
         drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk, greedy,
-                                                     walk.packed)
+                                                     walk.packed, walk.forced)
         if q is not None: self._keep_q(s, q)
         conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
         drafts = drafts.tolist()
