@@ -307,8 +307,8 @@ class DSparkDrafter(nn.Module):
             mh = self.last.markov_head
             drafts = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
                                         mh.markov_w2.weight, n, packed, forced)
-            m = drafts.shape[1]
-            return drafts, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], drafts[:, :m - 1]], 1)[:, :m])
+            m = drafts.shape[1]                                # each draft's previous token: the anchor, then drafts
+            return drafts, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], drafts], 1)[:, :m])
         U, mh, prev, qs, last = self.base_logits(h), self.last.markov_head, [anchors], [], None
         for k in range(min(n, self.block_size)):
             if isinstance(last, torch.Tensor): last = last.tolist()
