@@ -159,3 +159,32 @@ def test_advance_layout_is_what_fill_layout_writes_at_the_new_positions():
         want = fill(new, [t for i, m in enumerate(lens) for t in following[i, :m].tolist()])
         assert torch.equal(got, want)
     assert crossed > 10
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_fused_mtp_rounds_match_the_eager_engine(reference_kernels, K):
+    """MTP's rounds in one graph (the verify step, then the MTP layer over each request's accepted rows and its
+    draft steps, on the device): the embedded model's trained MTP layer, whose drafts are accepted, so rounds end
+    with none, some and all accepted; requests finish at different rounds, leaving padding requests in the bucket.
+    Tokens, acceptance and the drafts verified at every step equal the eager engine's."""
+    from dspark.tools.capacity_sweep import sweep_prompts
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 3, 40), (40, 23, 31))]
+    sp = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (22, 9, 17)]
+    outs, stats, drafts = [], [], []
+    for fused in (False, True):
+        llm = dspark.LLM(DEFAULT_MODEL / "mtp", speculative="mtp", num_speculative_tokens=K, max_num_seqs=3,
+                         max_model_len=128, kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+        if fused: rounds = emulate_rounds(llm)
+        seen, schedule = [], llm.scheduler.schedule
+        def spy(schedule=schedule, seen=seen):
+            batch = schedule()
+            seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        llm.scheduler.schedule = spy
+        o = llm.generate(prompts, sp, use_tqdm=False)
+        outs.append([x.outputs[0].token_ids for x in o]); stats.append(llm.runner.stats); drafts.append(seen)
+    assert rounds.replays > 5 and rounds.K == K
+    assert outs[0] == outs[1] and [len(t) for t in outs[1]] == [22, 9, 17]
+    s = stats[1]
+    assert stats[0] == s and 0 < s.num_accepted_tokens < s.num_draft_tokens and s.accepted_per_position[-1] > 0
+    assert drafts[0] == drafts[1]

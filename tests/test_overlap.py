@@ -178,6 +178,41 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
         assert ahead.used >= (4 if cuts else 10) and ahead.dropped <= (ahead.used // 4 if cuts else 0)
 
 
+def test_mtp_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
+    """MTP through the same machinery (fused rounds emulated as in test_fused_round, its first drafts from its
+    uncaptured graphs): launching each round before the host's bookkeeping of the last one changes no token, draft
+    or acceptance count, with rooms shrinking at the end and a request arriving mid-run."""
+    from dspark.tools.capacity_sweep import sweep_prompts
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.runtime.mtp_graphs import MTPGraphs
+    from dspark.runtime.overlap import RoundAhead
+    from test_fused_round import emulate_rounds
+    use_references(monkeypatch)
+    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 12))]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 9, 25)]
+    def go(ahead: bool):
+        llm = dspark.LLM(DEFAULT_MODEL / "mtp", speculative="mtp", num_speculative_tokens=2, max_num_seqs=4,
+                         max_model_len=128, kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+        rounds = emulate_rounds(llm)
+        llm.runner.proposer.graphs = MTPGraphs(llm.runner.proposer, 4, capture=False)
+        if ahead:
+            llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 2 + 1
+            llm.runner.round_ahead.admits = llm.scheduler.would_admit
+        seen, schedule = [], llm.scheduler.schedule
+        def spy(**kw):
+            batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+        llm.scheduler.schedule = spy
+        ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:3], params)]
+        for step in range(200):
+            if step == 4: ids.append(llm.add_request(prompts[3], params[0]))
+            if not llm.has_unfinished_requests(): break
+            llm.step()
+        return [o.outputs[0].token_ids for o in map(llm.pop_output, ids)], llm.runner.stats, seen, llm.runner.round_ahead, rounds
+    sync, got = go(False), go(True)
+    assert got[0] == sync[0] and got[1] == sync[1] and 0 < got[1].num_accepted_tokens < got[1].num_draft_tokens
+    assert sync[4].replays > 10 and got[3].used >= 4 and got[3].dropped == 0 and got[3].rounds.advanced > 0
+
+
 def test_plain_switch_prefers_the_faster_mode_and_probes_the_other():
     "`PlainSwitch` on synthetic rates: learns drafting, then plain, keeps the faster, probes, and needs the margin."
     from dspark.spec.online import PlainSwitch

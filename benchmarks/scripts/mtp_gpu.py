@@ -1,14 +1,18 @@
-"""MTP's captured drafting on the H200 (chapter 24): greedy tokens with graphs equal the eager engine's (the
-embedded model's MTP layer, K = 1 and 3, bf16, four held-out prompts), then the bench's decode runs for no-spec and
-MTP at 1, 16 and 64 requests (128 tokens after 128-token prompts). One run. OUT=. python mtp_gpu.py
-As run, the held-out pool gave 23 prompts of 128 tokens, and this script does not wrap them as the bench does:
-its "64" pair ran at 23 requests (mtp_gpu.json records the concurrency that ran)."""
+"""MTP on the GPU (chapters 23-24): greedy tokens with graphs (fused rounds: verify, accept and draft in one replay,
+launched ahead) equal the eager engine's (the embedded model's MTP layer, K = 1 and 3, bf16, four held-out prompts);
+then the bench's decode runs for no-spec, MTP at K = 1 and 3, and DSpark at 1, 16 and 64 requests (128 tokens after
+128-token prompts; the held-out pool is wrapped to 64 as the bench does). One run.
+
+    OUT=. python benchmarks/scripts/mtp_gpu.py            # H100/H200, about 3 minutes; $OUT/mtp_gpu.json
+"""
 import json, os, torch, dspark
 from dspark.tools.bench import _default_model_prompts, decode_run
 from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.sample.sampling import SamplingParams
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-prompts = _default_model_prompts(DEFAULT_MODEL, 64, 128)
+pool = _default_model_prompts(DEFAULT_MODEL, 64, 128)
+prompts = (pool * (64 // len(pool) + 1))[:64]
+save = lambda: json.dump(res, open(os.environ.get("OUT", "/tmp") + "/mtp_gpu.json", "w"), indent=1)
 sp = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 for K in (1, 3):
     kw = dict(speculative="mtp", num_speculative_tokens=K, device="cuda", dtype="bfloat16", max_num_seqs=4,
@@ -17,16 +21,20 @@ for K in (1, 3):
     for eager in (True, False):
         llm = dspark.LLM(DEFAULT_MODEL / "mtp", enforce_eager=eager, **kw)
         runs[eager] = ([o.outputs[0].token_ids for o in llm.generate(prompts[:4], sp, use_tqdm=False)], llm.spec_stats())
-        if not eager: replays = llm.runner.proposer.graphs.replays
-    res[f"K{K}"] = {"identical": runs[True][0] == runs[False][0], "mtp_graph_replays": replays,
+        if not eager: rounds = llm.graphs.rounds
+    res[f"K{K}"] = {"identical": runs[True][0] == runs[False][0], "fused_rounds": rounds is not None,
+                    "round_replays": rounds.replays if rounds else 0,
                     "acceptance_eager": runs[True][1]["mean_acceptance_length"],
                     "acceptance_graphs": runs[False][1]["mean_acceptance_length"]}
     print(K, json.dumps(res[f"K{K}"]), flush=True)
+    save()
 res["decode"] = []
 for c in (1, 16, 64):
-    for mode in (None, "mtp"):
-        r = decode_run(DEFAULT_MODEL / "mtp" if mode else DEFAULT_MODEL, prompts[:c], mode, 1 if mode else None, 128,
-                       "cuda", "bfloat16")
-        res["decode"].append({k: v for k, v in r.items() if k != "token_ids"})
-        print(json.dumps(res["decode"][-1]), flush=True)
-        json.dump(res, open(os.environ["OUT"] + "/mtp_gpu.json", "w"), indent=1)
+    for mode, k in ((None, None), ("mtp", 1), ("mtp", 3), ("dspark", None)):
+        path = DEFAULT_MODEL / "mtp" if mode == "mtp" else DEFAULT_MODEL
+        try: r = decode_run(path, prompts[:c], mode, k, 128, "cuda", "bfloat16")
+        except Exception as e: r = {"mode": mode, "k": k, "concurrency": c, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        res["decode"].append({key: v for key, v in r.items() if key != "token_ids"})
+        print(json.dumps({key: r.get(key) for key in ("mode", "k", "concurrency", "tok_s", "decode_step_ms",
+                                                      "mean_acceptance_length", "rounds_ahead_used", "error")}), flush=True)
+        save()

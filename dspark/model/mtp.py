@@ -126,6 +126,20 @@ class MTPDrafter(nn.Module):
             return o[:, 0][None]
         return self._layer(h, next_ids, positions, attend)
 
+    @torch.no_grad()
+    def draft_rows(self, logits: torch.Tensor, x: torch.Tensor, at: torch.Tensor, last: torch.Tensor, live: torch.Tensor,
+                   ring: MTPRing, slots: torch.Tensor, K: int) -> torch.Tensor:
+        """Greedy drafts `[R, K]` after a `step_rows` call: rows `at` (each request's last committed row, at position
+        `last`) give the first draft and the stream of the next step, then `K − 1` steps on the drafts themselves,
+        one row a request (`live`: the request's index, −1 for padding). Capturable."""
+        own = torch.arange(at.shape[0], device=at.device)
+        drafts, state = [logits[at].argmax(-1)], x[at]
+        for k in range(1, K):                                   # position last + k with draft k: predicts last + k + 2
+            pos = last + k
+            lg, state = self.step_rows(state, drafts[-1], pos, live, ring, slots, pos, pos, own, 1)
+            drafts.append(lg.argmax(-1))
+        return torch.stack(drafts, 1)
+
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         a = self.mtp[0].attn
         return sink_attention(q, keys[None], mask[None], a.attn_sink, self.cfg.head_dim ** -0.5)

@@ -53,7 +53,8 @@ class RoundGraphs:
     def __init__(self, runner: GraphRunner, proposer, capture: bool = True):
         self.g, self.pr = runner, proposer
         self.width = runner.max_query                  # rows per request: the anchor and up to γ drafts
-        self.K = proposer.drafter.block_size           # drafts proposed per request (the engine keeps what fits)
+        # drafts proposed per request (the engine keeps what fits), most rows a request may bring, the scratch ring
+        self.K, self.window, self.scratch = proposer.round_shape
         max_seqs = runner.buf.tables.shape[0]
         self.first, self.drafts = runner.buf.first, runner.buf.drafts   # laid out and sent with the step's rows
         self.sizes = bucket_sizes(max_seqs)
@@ -81,14 +82,14 @@ class RoundGraphs:
         torch.argmax(out.logits[:n], -1, out=verified[:n])
         # accepted drafts after the argmax, then each request's anchor (the token after them), its position and ring;
         # with chapter 17's kernels on, one launch instead of ~25
-        hand = round_handover_triton if self.pr.drafter.markov_kernel is not None else round_handover
+        hand = round_handover_triton if self.pr.round_kernels else round_handover
         publish = {"host": self.host} if self.host is not None and hand is round_handover_triton else {}
         anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], self.drafts[:R], buf.tok_pos[:n],
-                                 buf.ring_slot[:n], self.pr.ctx.scratch, self.width, **publish)
+                                 buf.ring_slot[:n], self.scratch, self.width, **publish)
         if self.host is not None:                  # the kernel wrote the host's copy itself, or a copy node does
             if not publish: self.host[:n + R].copy_(verified, non_blocking=True)
             self.event.record()
-        drafts, conf, complete = self.pr.draft_tensors(slots, anchors, P, self.K)
+        drafts, conf, complete = self.pr.round_drafts(verified, n, self.first[:R], anchors, P, slots, out.finals)
         res = RoundOutputs(verified, torch.cat([complete.long(), drafts.reshape(-1)]), conf.float(),
                            torch.cat([anchors[:, None], drafts], 1).reshape(-1))
         # last, the next round of the same requests, laid out in the step buffers (chapter 25 replays this graph on it
@@ -121,8 +122,8 @@ class RoundGraphs:
         so pruned drafts stay pruned."""
         R = len(chunks)
         b = self.bucket(R)
-        if b is None or not self.graphs or any(k != 1 for k in known) or self.width > self.pr.ctx.w: return False
-        if self.g._graphs_for(chunks, seqs, self.g.taps, None) is not self.g.graphs: return False   # a decode/verify step
+        if b is None or not self.graphs or any(k != 1 for k in known) or self.width > self.window: return False
+        if self.g._graphs_for(chunks, seqs, self.g.taps, [] if self.g.finals else None) is not self.g.graphs: return False   # a decode/verify step
         N = sum(c.shape[0] for c in chunks)
         return not compact or self.rows(R) <= next(s for s in self.g.sizes if s >= N)
 

@@ -35,7 +35,7 @@ class MTPGraphs:
         self.h = torch.zeros(T, cfg.hc_mult, cfg.hidden_size, dtype=mtp.target.embed.weight.dtype, device=dev)
         self.next_ids, self.positions, self.row_req = z(T), z(T), z(T, -1)
         self.slots, self.first, self.last, self.start, self.last_row = z(B, ring.scratch), z(B), z(B), z(B), z(B)
-        self.live, self.own_row = z(B, -1), torch.arange(B, device=dev)     # draft steps: one row a request
+        self.live = z(B, -1)                                           # draft steps: one row a request
         names = ("next_ids", "positions", "row_req", "slots", "first", "last", "start", "last_row", "live")
         self.stage = HostStage({k: getattr(self, k) for k in names})
         self.sizes, self.replays = bucket_sizes(max_num_seqs), 0
@@ -48,14 +48,7 @@ class MTPGraphs:
         sl, last = self.slots[:b], self.last[:b]
         logits, x = mtp.step_rows(self.h[:T], self.next_ids[:T], self.positions[:T], self.row_req[:T], ring,
                                   sl, self.first[:b], last, self.start[:b], self.W)
-        rows = self.last_row[:b]
-        drafts = [logits[rows].argmax(-1)]                     # row P-1 with the anchor: predicts P+1
-        state = x[rows]
-        for k in range(1, self.K):                             # MTP position P+k-1 with draft k: predicts P+k+1
-            pos = last + k
-            lg, state = mtp.step_rows(state, drafts[-1], pos, self.live[:b], ring, sl, pos, pos, self.own_row[:b], 1)
-            drafts.append(lg.argmax(-1))
-        return torch.stack(drafts, 1)
+        return mtp.draft_rows(logits, x, self.last_row[:b], last, self.live[:b], ring, sl, self.K)
 
     def fits(self, counts: list[int]) -> bool:
         return len(counts) <= self.sizes[-1] and all(1 <= m <= self.W for m in counts)

@@ -112,7 +112,7 @@ class ModelRunner:
         self.observed = False                          # whether this step's forward wrote the drafter's context itself
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
         self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
-        self.round_ahead = None                        # an overlap.RoundAhead: fused DSpark rounds launched early
+        self.round_ahead = None                        # an overlap.RoundAhead: fused rounds (DSpark, MTP) launched early
         self.draft_ahead = True                        # with round_ahead: first drafts read late, first round launched
                                                        # behind them (`_draft_ahead`; off only to measure it)
         self.proposed: dict[str, list[int]] = {}       # this round's proposals, until `_adopt` makes them the drafts

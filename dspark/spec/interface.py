@@ -32,6 +32,9 @@ class Proposer(ABC):
     draft_tensors: Callable | None = None      # a capturable greedy draft step (draft graphs, fused rounds)
     propose_sampled: Callable | None = None    # batched drafting for any sampling settings; None: one by one
     propose_graphed: Callable | None = None    # observe and greedy drafting as one graph replay (MTP's graphs)
+    round_drafts: Callable | None = None       # a fused round's greedy drafting, on the device, after its verification
+    round_shape: tuple[int, int, int] | None = None   # with it: (drafts a request, most rows a request, scratch ring)
+    round_kernels: bool = False                # a fused round may use the one-launch handover kernels
 
     @abstractmethod
     def observe(self, slot: int, rid: str, feats: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:

@@ -206,6 +206,14 @@ class DSparkProposer(Proposer):
         drafts, conf = self.drafter.propose_greedy(anchors, P, self.ctx.rows, valid, n, slots)   # rings read in place
         return drafts, conf, complete
 
+    def round_drafts(self, verified, n, first, anchors, P, slots, finals):
+        """A fused round's drafting (chapter 23): `draft_tensors` at each request's new anchor (the round's forward
+        wrote the verified rows' context into the rings already)."""
+        return self.draft_tensors(slots, anchors, P, self.drafter.block_size)
+
+    round_shape = property(lambda self: (self.drafter.block_size, self.ctx.w, self.ctx.scratch))
+    round_kernels = property(lambda self: self.drafter.markov_kernel is not None)   # once `draft_kernels_check` passed
+
     def _window(self, slots: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`DraftContext.window`, in one launch once the GPU fast path has given the drafter chapter 17's kernel. Not
         gated on `_fast_ok`: integer work with no gradient and no batch dependence, and the graphs capture this step
@@ -398,6 +406,38 @@ class MTPProposer(Proposer):
             self.ring.claim(slot, rid)
             self.last.pop(rid, None); self.q.pop(rid, None)   # drafted on the device: no host-side MTP state
         return self.graphs(slots, finals, firsts, next_ids)
+
+    def claim(self, slot: int, rid: str) -> None:
+        "Before a fused round writes the ring: the slot is this request's."
+        self.ring.claim(slot, rid)
+
+    def round_drafts(self, verified: torch.Tensor, n: int, first: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor,
+                     slots: torch.Tensor, finals: torch.Tensor):
+        """A fused round's MTP drafting (chapter 23), device in, device out: the MTP layer over each request's
+        committed rows of the round (its old anchor and `a` accepted drafts, from row `first[i]`; their next tokens
+        are the target's argmax there, in `verified`) with the target's streams `finals`, then the drafts from the
+        last of them, as `MTPGraphs.run` drafts after a verify step. Other rows, and padding requests (the scratch
+        ring's), are `step_rows` padding. Returns drafts `[R, lookahead]`, zero confidences, every context complete."""
+        R, K, dev = first.shape[0], self.lookahead, verified.device
+        W, a = K + 1, verified[n:n + R]
+        live = slots != self.ring.scratch
+        req, j = torch.arange(R, device=dev), torch.arange(W, device=dev)
+        rows = (first[:, None] + j).clamp(max=n - 1).reshape(-1)
+        p0 = torch.where(live, P - a - 1, 0)                 # the old anchor's position
+        mine = live[:, None] & (j <= a[:, None])
+        logits, x = self.mtp.step_rows(finals[rows], verified[:n][rows], torch.where(mine, p0[:, None] + j, 0).reshape(-1),
+                                       torch.where(mine, req[:, None], -1).reshape(-1), self.ring, slots, p0, p0 + a,
+                                       req * W, W)
+        drafts = self.mtp.draft_rows(logits, x, req * W + a, p0 + a, torch.where(live, req, -1), self.ring, slots, K)
+        return drafts, torch.zeros(R, K, device=dev), torch.ones(R, dtype=torch.bool, device=dev)
+
+    round_shape = property(lambda self: (self.lookahead, self.ring.w, self.ring.scratch))
+    round_kernels = property(lambda self: self.ring.rows.is_cuda)
+
+    def collect(self, rids: list[str], n: list[int], drafts: list[list[int]], conf: list, complete: list[bool]) -> list[list[int]]:
+        "A fused round's drafts, cut to each request's room; drafted on the device, so no host-side MTP state is left."
+        for rid in rids: self.last.pop(rid, None); self.q.pop(rid, None)
+        return [d[:k] for d, k in zip(drafts, n)]
 
     def forget(self, rid: str) -> None:
         "A finished or aborted request's MTP state and draft distributions are dropped."
