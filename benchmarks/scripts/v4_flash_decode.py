@@ -105,11 +105,23 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
             prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(c)]
             timed(prompts, 4, js)                                  # warm-up: compile, first replays
             s0 = llm.spec_stats() if spec else None
-            dts = sorted(-timed(prompts, 16, js) + timed(prompts, 16 + a.decode_tokens, js) for _ in range(a.repeats))
+            pairs = []
+            for _ in range(a.repeats):                             # (seconds, rounds) the longer run adds
+                r0 = llm.spec_stats()["num_drafts"] if spec else 0
+                t0 = timed(prompts, 16, js)
+                r1 = llm.spec_stats()["num_drafts"] if spec else 0
+                t1 = timed(prompts, 16 + a.decode_tokens, js)
+                pairs.append((t1 - t0, (llm.spec_stats()["num_drafts"] - r1) - (r1 - r0) if spec else 0))
+            dts = sorted(d for d, _ in pairs)
             dt = dts[len(dts) // 2]                                # the median pair: a one-off cost in either run of a
             row = {"tok_s": round(c * a.decode_tokens / dt, 1), "step_ms": round(dt / a.decode_tokens * 1e3, 3),   # pair
                    "step_ms_pairs": [round(d / a.decode_tokens * 1e3, 3) for d in dts]}    # skews that pair alone
-            if spec:
+            if spec:                                               # a round's time does not depend on how many of its
+                per_round = sorted(d * c / n for d, n in pairs if n > 0)   # drafts the simulation accepted (n counts a
+                if per_round:                                      # round per request): the figure to compare
+                    row["ms_per_round"] = round(per_round[len(per_round) // 2] * 1e3, 3)
+                    if a.simulate_acceptance:                      # tok/s at exactly the simulated acceptance length
+                        row["tok_s_at_simulated"] = round(c * a.simulate_acceptance / (row["ms_per_round"] / 1e3), 1)
                 s1 = llm.spec_stats()
                 d, acc = s1["num_drafts"] - s0["num_drafts"], s1["num_accepted_tokens"] - s0["num_accepted_tokens"]
                 row["rounds"], row["mean_acceptance_length"] = d, round(1 + acc / max(d, 1), 3)
