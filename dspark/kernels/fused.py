@@ -15,7 +15,7 @@ from .attention import BatchMeta, batch_meta, indexer_topk, sparse_attention
 import triton
 import triton.language as tl
 
-from ..config import CSA, SLIDING
+from ..config import CSA, SLIDING, reduction_on
 from ..cache.kv_cache import entry_store, forward_cached
 from ..model.quant import fake_quant_index, fake_quant_kv
 from ..model.layers import apply_rope, rms_norm, rope_cos_sin
@@ -96,12 +96,15 @@ def qkv_rope_insert_(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps:
     flat slots `slots [N]` (-1 = skip). `cos`, `sin`: `[N, r/2]` fp32 at each token's position. `inverse`: rotate
     by the negative angles (the attention output's way back, without a `-sin` launch). `out [N, H, dq]` (any
     dtype): q's result goes there instead of into q (the attention output's cast for its projection, without a
-    launch of its own). Returns `(out or q, kv)`."""
+    launch of its own). Returns `(out or q, kv)`: callers use the returned query, since with the working-memory switch
+    `inplace_q` off (`config.WORKING_MEMORY`) a query-head call (`q_norm`) writes a new tensor instead of q, the
+    plain allocation the in-place write avoids."""
     N, H, dq = q.shape
     if q.stride(-1) != 1 or (kv is not None and kv.stride(-1) != 1):
         raise ValueError("q and kv must have unit stride in their last dim (they are updated in place)")
     if out is not None and (out.shape != q.shape or out.stride(-1) != 1):
         raise ValueError(f"out must have q's shape {tuple(q.shape)} and unit stride in its last dim, got {tuple(out.shape)}")
+    if out is None and q_norm and not reduction_on("inplace_q"): out = torch.empty_like(q)
     dst = q if out is None else out
     if N == 0: return dst, kv
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
@@ -152,7 +155,7 @@ def attend_batch(attn, layer_id: int, x: torch.Tensor, seqs, meta: BatchMeta, ca
     qr = attn.q_norm(attn.wq_a(x))
     q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), attn.wkv(x)
     sim, rope = cache.cc.fp8 or attn.qat, cfg.qk_rope_head_dim     # quantised rows go through the cache's codec
-    qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)
+    q = qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)[0]
     if sim:
         keep = meta.slots >= 0
         cache.write(cache.window[layer_id], meta.slots[keep] // meta.block_size, meta.slots[keep] % meta.block_size,

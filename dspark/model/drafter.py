@@ -210,7 +210,7 @@ class DSparkDrafter(nn.Module):
         y = y.reshape(R * g, -1)
         q = attn.wq_b(attn.q_norm(attn.wq_a(y))).view(R * g, -1, self.cfg.head_dim)
         kv = attn.wkv(y)
-        self.rope_kernel(q, cos.reshape(R * g, -1), sin.reshape(R * g, -1), self.cfg.rms_norm_eps, kv, attn.kv_norm.weight)
+        q = self.rope_kernel(q, cos.reshape(R * g, -1), sin.reshape(R * g, -1), self.cfg.rms_norm_eps, kv, attn.kv_norm.weight)[0]
         return q.view(R, g, *q.shape[1:]), kv.view(R, g, -1)
 
     def _output(self, attn, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

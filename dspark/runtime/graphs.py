@@ -35,6 +35,7 @@ from .buffers import HostStage, StepBuffers, fill_buffers
 from .static import StepOutputs, forward_static, x_linears
 from .memory import free_bytes
 from ..model.mhc import unregister_post
+from ..config import reduction_on
 from ..model.weights import FP8Linear
 
 log = logging.getLogger("dspark")
@@ -140,10 +141,14 @@ class Rows(Sequence):
         return self.flat[self.bounds[i]:self.bounds[i + 1]]
 
 class GraphRunner:
-    "The engine's target forward: a CUDA-graph replay where the step allows one, else `eager`."
+    """The engine's target forward: a CUDA-graph replay where the step allows one, else `eager`. Two working-memory
+    switches (`config.WORKING_MEMORY`) are read here, once: `shared_logits` off gives each bucket's graph its own
+    logits output instead of the one shared buffer; `skip_mtp_staging` off stages the last streams (`finals`) in
+    every step, as if the proposer were MTP, which also keeps chapter 4a's fused final from running."""
     def __init__(self, model, cache: PagedKVCache, eager: Callable, max_num_seqs: int, lookahead: int,
                  max_model_len: int, taps: tuple[int, ...] = (), finals: bool = False, capture: bool = True,
                  context: Callable | None = None, ragged_tokens: int = 0):
+        finals = finals or not reduction_on("skip_mtp_staging")
         self.model, self.cache, self.taps, self.finals, self.context = model, cache, tuple(taps), finals, context
         self.mhc = fast_path(model)
         self.eager = functools.partial(eager, mhc=self.mhc)    # prefill gets the fused mHC too
@@ -163,13 +168,14 @@ class GraphRunner:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         self.ragged: dict[int, tuple[torch.cuda.CUDAGraph, StepOutputs]] = {}
         # every graph writes its logits into this one buffer: a bucket keeps no [tokens, V] output of its own
-        self.logits = torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=dev)
+        self.logits = (torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=dev)
+                       if reduction_on("shared_logits") else None)   # off: each graph allocates its own
         self.replays = self.eager_steps = 0
-        self.rounds = None               # a `fused_round.RoundGraphs` when a DSpark draft step is captured too
+        self.rounds = None               # a `fused_round.RoundGraphs` when a draft step (DSpark or MTP) is captured too
         if capture: self.capture()
 
     def summary(self) -> str:
-        rounds = f", {len(self.rounds.graphs)} fused DSpark rounds" if self.rounds else ""
+        rounds = f", {len(self.rounds.graphs)} fused rounds" if self.rounds else ""
         if self.ragged: rounds += f", {len(self.ragged)} prefill steps of {self.ragged_sizes[0]}..{self.ragged_sizes[-1]} tokens"
         return (f"CUDA graphs: {len(self.graphs)} captured (steps of {self.sizes[0]}..{self.sizes[-1]} tokens{rounds}) in "
                 f"{self.capture_s:.1f} s; graph memory {self.graph_bytes / 2**20:.0f} MiB")
@@ -195,7 +201,8 @@ class GraphRunner:
                                   warmups=2)                # two warm-ups: compile the Triton kernels, warm the allocator
         for (n, ragged), g in captured.items(): (self.ragged if ragged else self.graphs)[n] = g
         self.capture_s = time.perf_counter() - t0
-        self.graph_bytes = free0 - free_bytes() + self.logits.nbytes        # the shared logits: allocated before `free0`
+        shared = self.logits.nbytes if self.logits is not None else 0
+        self.graph_bytes = free0 - free_bytes() + shared        # the shared logits: allocated before `free0`
 
     def step_ms(self, n: int, reps: int = 5) -> float:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
@@ -210,7 +217,7 @@ class GraphRunner:
     def _graphs_for(self, chunks, seqs, taps, finals) -> dict | None:
         """The graphs that can run a step: the decode/verify ones when every chunk fits the rings' lookahead (and
         none resumes a cached prefix), the ragged ones when the step is small enough, else `None` (eager)."""
-        if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None) != self.finals: return None
+        if is_batch_invariant() or not self.graphs or tuple(taps) != self.taps or (finals is not None and not self.finals): return None
         return self.graphs_for_lens([c.shape[0] for c in chunks], seqs)   # not len(c): ~1 µs a call on the host
 
     def graphs_for_lens(self, lens: list[int], seqs) -> dict | None:
@@ -230,7 +237,8 @@ class GraphRunner:
         graphs = self._graphs_for(chunks, seqs, taps, finals) if model is self.model and cache is self.cache else None
         if graphs is None:
             self.eager_steps += 1
-            return self.eager(model, cache, chunks, seqs, taps, features, finals)
+            staged = [] if finals is None and self.finals else finals   # `skip_mtp_staging` off: staged anyway
+            return self.eager(model, cache, chunks, seqs, taps, features, staged)
         lens = [c.shape[0] for c in chunks]
         N = sum(lens)
         n = next(s for s in (self.sizes if graphs is self.graphs else self.ragged_sizes) if s >= N)
@@ -253,7 +261,9 @@ class DraftGraphs:
     proposer's `q` inside the graph, where the next step's verification reads them. With `masked`, also the step's
     part before its Markov loop (`hidden`: the block hidden states), for structured-outputs requests, whose loop
     runs eagerly beside their grammars. `capture=False` runs the same steps eagerly on the same buffers (CPU tests
-    of the buffer layout and padding)."""
+    of the buffer layout and padding). With the working-memory switch `graph_draft_q` off (`config.WORKING_MEMORY`),
+    each sampled graph returns its own `[bucket, γ, V]` distributions instead, copied into `q` after the replay: the
+    plain capture, which keeps one such output per bucket in the pool."""
     def __init__(self, proposer, max_num_seqs: int, capture: bool = True, masked: bool = False):
         self.pr, self.K = proposer, proposer.drafter.block_size
         dev = proposer.ctx.pos.device
@@ -265,12 +275,27 @@ class DraftGraphs:
         self.host = None                               # pinned copies of the greedy step's outputs (`launch`)
         proposer.alloc_q(proposer.drafter.cfg.vocab_size)            # written inside the sampled graphs
         greedy = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
-        sampled = lambda filtered: lambda n: proposer.draft_rows(self.slots[:n], self.anchors[:n], self.P[:n], self.K,
-                                                                 self._params(n, filtered))
+        sampled = self._sampled if reduction_on("graph_draft_q") else self._sampled_plain
         self.graphs, self.sampled_graphs = self._capture(greedy), {f: self._capture(sampled(f)) for f in (False, True)}
         hidden = lambda n: proposer.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
         self.masked = masked
         self.hidden_graphs = self._capture(hidden) if masked else None
+
+    def _sampled(self, filtered: bool) -> Callable:
+        "The sampled step of bucket `n`: `draft_rows`, which writes the distributions into the proposer's `q`."
+        return lambda n: self.pr.draft_rows(self.slots[:n], self.anchors[:n], self.P[:n], self.K, self._params(n, filtered))
+
+    def _sampled_plain(self, filtered: bool) -> Callable:
+        """`_sampled` without the in-graph store (`graph_draft_q` off): the drafter's `propose_rows` on the same window
+        `draft_rows` computes, returning the distributions as the step's fourth output."""
+        pr, d = self.pr, self.pr.drafter
+        def step(n: int):
+            s, P = self.slots[:n], self.P[:n]
+            k = d.window_kernel
+            valid, complete = k(pr.ctx.pos, s, P, pr.ctx.w) if k is not None else pr.ctx.window(s, P)
+            drafts, q, conf = d.propose_rows(self.anchors[:n], P, pr.ctx.rows, valid, self.K, self._params(n, filtered), s)
+            return drafts, conf, complete, q
+        return step
 
     def _params(self, n: int, filtered: bool) -> RowParams:
         "The buffers' first `n` rows as `RowParams` (greedy rows possible: their drafts are the argmax)."
@@ -350,7 +375,9 @@ class DraftGraphs:
         if g is None: out = out(n)                     # not captured: the same step, eagerly, on the same buffers
         else: g.replay()
         self.replays += 1
-        drafts, conf, complete = out
+        drafts, conf, complete, *q = out
+        if q:                                          # `graph_draft_q` off: the bucket's own distributions, stored now
+            self.pr.q[self.slots[:R], :q[0].shape[1]] = q[0][:R]
         return drafts[:R], conf[:R], complete[:R]
 
 class DraftStep:

@@ -8,17 +8,21 @@ Docs: https://dspark-dev.github.io/dspark/memory.html.md"""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from ..cache.kv_cache import CacheConfig, PagedKVCache, SeqView, block_bytes, ring_bytes
-from ..config import CSA
+from ..cache.kv_cache import CacheConfig, PagedKVCache, SeqView, block_bytes, kv_bytes_per_token, ring_bytes
+from ..config import CSA, WORKING_MEMORY
+from ..model import mhc
 
 # %% auto #0
-__all__ = ['free_bytes', 'MemoryProfile', 'step_peak_bytes', 'profile_memory', 'step_estimate_bytes', 'working_estimate',
-           'cache_bytes', 'memory_line']
+__all__ = ['MEMORY_REDUCTIONS', 'free_bytes', 'MemoryProfile', 'step_peak_bytes', 'profile_memory', 'step_estimate_bytes',
+           'working_estimate', 'cache_bytes', 'memory_line', 'memory_reductions', 'reductions_set',
+           'reduction_estimates', 'kv_tokens_for']
 
 # %% ../../nbs/22c_memory.ipynb #21c3df06
 def free_bytes() -> int:
@@ -119,3 +123,45 @@ def memory_line(weights: int, working: int, kv_bytes: int, kv_tokens: int, max_m
     return (f"memory per rank: weights {g(weights)}, working memory {g(working)} ({'measured' if measured else 'estimate'}: "
             f"activations + graph pools){extra}, KV cache {g(kv_bytes)} = {kv_tokens:,} tokens, max concurrency "
             f"{kv_tokens / max_model_len:.2f}x at max_model_len={max_model_len:,}")
+
+# %% ../../nbs/22c_memory.ipynb #9685cff4
+MEMORY_REDUCTIONS = mhc.REDUCTIONS + tuple(WORKING_MEMORY)
+
+def memory_reductions() -> dict[str, bool]:
+    "Every working-memory switch as `{name: on}`: chapter 4a's three mHC ones, then `config.WORKING_MEMORY`'s four."
+    return {**mhc.switches(), **WORKING_MEMORY}
+
+def _put(on: dict[str, bool]) -> None:
+    for name, v in on.items():
+        if name in WORKING_MEMORY: WORKING_MEMORY[name] = bool(v)
+        else: setattr(mhc, name.upper(), bool(v))
+
+@contextmanager
+def reductions_set(**on: bool) -> Iterator[dict[str, bool]]:
+    """Set working-memory switches by name for the block (`reductions_set(shared_logits=False)`), then restore them.
+    Build the engine or capture its graphs inside the block: that is when the switches are read. Yields them all."""
+    if unknown := set(on) - set(MEMORY_REDUCTIONS):
+        raise KeyError(f"no working-memory switch {sorted(unknown)}; the switches are {', '.join(MEMORY_REDUCTIONS)}")
+    before = memory_reductions()
+    _put(on)
+    try: yield memory_reductions()
+    finally: _put(before)
+
+def reduction_estimates(cfg, step_tokens: int, graph_sizes: list[int] = (), draft_sizes: list[int] = (), gamma: int = 0,
+                        act_bytes: int = 2) -> dict[str, int]:
+    """Bytes each reduction should save, from shapes alone: on the peak of an eager step of `step_tokens` tokens (the
+    mHC three, in-place Q), and in the pools of target graphs of `graph_sizes` tokens (every decode/verify and ragged
+    bucket) and of sampled draft graphs for `draft_sizes` requests of `gamma` drafts (two sets: with and without
+    top-k/top-p). The pools' figures count the outputs a plain capture keeps alive per bucket, less the one shared
+    buffer that replaces them."""
+    stream = lambda n: n * cfg.hc_mult * cfg.hidden_size * act_bytes
+    V, rows = cfg.vocab_size, max(graph_sizes, default=0)
+    return {**mhc.mhc_bytes_saved(cfg, step_tokens, act_bytes, dict.fromkeys(mhc.REDUCTIONS, True)),
+            "inplace_q": step_tokens * cfg.num_attention_heads * cfg.head_dim * act_bytes,
+            "shared_logits": (sum(graph_sizes) - rows) * V * 4,
+            "graph_draft_q": 2 * sum(draft_sizes) * gamma * V * 4 if gamma else 0,
+            "skip_mtp_staging": sum(stream(n) for n in graph_sizes)}
+
+def kv_tokens_for(nbytes: int, cfg, elem_bytes: int = 2, fp8: bool = False) -> int:
+    "KV tokens `nbytes` of memory hold (`kv_bytes_per_token`: the compressed entries and indexer keys of every layer)."
+    return int(nbytes // kv_bytes_per_token(cfg, elem_bytes, fp8=fp8))

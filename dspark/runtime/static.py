@@ -126,7 +126,7 @@ def attend_static(attn: Attention, layer_id: int, x: torch.Tensor, st: StepView,
     qr = attn.q_norm(px[0])
     q, kv = attn.wq_b(qr).view(N, -1, cfg.head_dim), px[1]
     sim, rope = cache.cc.fp8 or attn.qat, cfg.qk_rope_head_dim
-    qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)
+    q = qkv_rope_insert_(q, cos, sin, cfg.rms_norm_eps, kv, attn.kv_norm.weight, None if sim else cache.window[layer_id], meta.slots)[0]
     if sim:
         keep, bs = meta.slots >= 0, meta.block_size
         blk = torch.where(keep, meta.slots // bs, cache.scratch_window_block)
