@@ -109,6 +109,8 @@ def measure(llm, a, meter: Meter, offs: tuple[str, ...], which: set[str]) -> dic
     out: dict = {}
     with reductions_set(**dict.fromkeys(offs, False)):
         mhc_fns = fast_path(model)                         # the fused mHC kernels on a GPU, the references on the CPU
+        if pr.drafter is not None: pr.drafter.mhc = fast_path(pr.drafter)   # its RoPE tables on the device: the target
+                                                           # graphs write its context rows (as graphs_for_runner does first)
         if meter.cuda: from dspark.kernels.fused import forward_batched as forward
         else: from dspark.cache.kv_cache import forward_cached as forward
         # the eager step as the engine's graph runner runs it: with `skip_mtp_staging` off, the last streams staged
@@ -134,7 +136,6 @@ def measure(llm, a, meter: Meter, offs: tuple[str, ...], which: set[str]) -> dic
             out["graph_logits"] = logits[:m].float().cpu()
             del g; meter.free()
         if "draft" in which:
-            if pr.drafter is not None: pr.drafter.mhc = fast_path(pr.drafter)
             dg, held = meter.held(lambda: DraftGraphs(pr, a.max_num_seqs, capture=meter.cuda))
             out["draft"], out["draft_sizes"] = held, dg.sizes
             sp = [SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=1.0, top_k=20, seed=4)]
