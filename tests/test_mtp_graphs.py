@@ -121,3 +121,32 @@ def test_sampled_requests_keep_the_eager_path():
     llm2 = make()
     alone = _run(llm2, prompts[:1], params[:1], graphed=True)
     assert alone[0] == [want[0][0]] and llm2.runner.proposer.graphs.replays > 0
+
+
+def test_step_chunks_runs_a_long_chunks_newest_window_only(mtp):
+    """A prefill-sized chunk (three windows long) beside short ones: `step_chunks` runs only each chunk's newest
+    window, in groups kept under a key-gather budget, and each request's last logits and stream equal `step` over
+    the whole chunk; the ring rows a later row can see (the newest window) are the same too."""
+    cfg, g = mtp.cfg, torch.Generator().manual_seed(7)
+    w = cfg.sliding_window
+    counts, firsts, slots = [3 * w + 5, 2, w, 1], [0, 40, 7, 3 * w], [0, 1, 2, 3]
+    h = [torch.randn(m, cfg.hc_mult, cfg.hidden_size, generator=g) for m in counts]
+    nxt = [torch.randint(0, cfg.vocab_size, (m,), generator=g) for m in counts]
+    want_ring, want = MTPRing(cfg, 4, 2, torch.float32, "cpu"), []
+    for s, x, t, a in zip(slots, h, nxt, firsts):
+        want_ring.claim(s, str(s))
+        lg, out = mtp.step(x, t, torch.arange(a, a + x.shape[0]), want_ring, s)
+        want.append((lg[-1], out[-1]))
+    for budget in (2**40, 1):                                  # one group; then every request alone
+        ring = MTPRing(cfg, 4, 2, torch.float32, "cpu")
+        for s in slots: ring.claim(s, str(s))
+        lg, out = mtp.step_chunks(h, nxt, ring, slots, firsts, budget=budget)
+        for i, (wl, wo) in enumerate(want):
+            torch.testing.assert_close(lg[i], wl, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[i], wo, rtol=1e-5, atol=1e-5)
+        for s, a, m in zip(slots, firsts, counts):             # the newest window of each request, slot by slot
+            last = a + m - 1
+            seen = (ring.pos[s] > last - w) & (ring.pos[s] >= 0)
+            assert seen.sum() == min(m, w)
+            torch.testing.assert_close(ring.rows[s][seen], want_ring.rows[s][seen], rtol=1e-5, atol=1e-5)
+            assert torch.equal(ring.pos[s][seen], want_ring.pos[s][seen])

@@ -104,6 +104,21 @@ def test_engine_switch(tiny_ckpt):
     assert not parse_args(["--model", str(tiny_ckpt), "--no-overlap-decode"]).overlap_decode
 
 
+def spy_run(llm, prompts, params, late=None):
+    """Three requests (and `prompts[3]` arriving at step `late`) run step by step: their outputs, and the drafts
+    each step verified, request by request."""
+    seen, schedule = [], llm.scheduler.schedule
+    def spy(**kw):
+        batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
+    llm.scheduler.schedule = spy
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:3], params)]
+    for step in range(200):
+        if late is not None and step == late: ids.append(llm.add_request(prompts[3], params[0]))
+        if not llm.has_unfinished_requests(): break
+        llm.step()
+    return [llm.pop_output(i).outputs[0] for i in ids], seen
+
+
 def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
     """The trained default model with fused rounds (emulated as in test_fused_round): launching each round before
     the host's bookkeeping of the last one changes no token, draft or acceptance count. Rooms shrink at the end
@@ -126,17 +141,8 @@ def test_dspark_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
             llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 3 + 1
             llm.runner.round_ahead.admits = llm.scheduler.would_admit
             llm.runner.proposer.graphs = DraftGraphs(llm.runner.proposer, 4, capture=False)
-        seen, schedule = [], llm.scheduler.schedule
-        def spy(**kw):
-            batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
-        llm.scheduler.schedule = spy
-        ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:3], params)]
-        for step in range(200):
-            if late is not None and step == late: ids.append(llm.add_request(prompts[3], params[0]))
-            if not llm.has_unfinished_requests(): break
-            llm.step()
-        outs = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in map(llm.pop_output, ids)]
-        return outs, llm.runner.stats, seen, llm.runner.round_ahead
+        outs, seen = spy_run(llm, prompts, params, late)
+        return [(o.token_ids, o.finish_reason) for o in outs], llm.runner.stats, seen, llm.runner.round_ahead
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 9, 25)]
     stop = go(False, params)[0][2][0][10]                    # a token request 2 emits: it stops there now
     params[2] = SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True, stop_token_ids=[stop])
@@ -198,16 +204,8 @@ def test_mtp_rounds_launched_ahead_match_the_synchronous_rounds(monkeypatch):
         if ahead:
             llm.runner.round_ahead, llm.scheduler.sc.lookahead = RoundAhead(rounds, llm.max_model_len), 2 + 1
             llm.runner.round_ahead.admits = llm.scheduler.would_admit
-        seen, schedule = [], llm.scheduler.schedule
-        def spy(**kw):
-            batch = schedule(**kw); seen.append({r.request_id: list(r.drafts) for r, _ in batch}); return batch
-        llm.scheduler.schedule = spy
-        ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:3], params)]
-        for step in range(200):
-            if step == 4: ids.append(llm.add_request(prompts[3], params[0]))
-            if not llm.has_unfinished_requests(): break
-            llm.step()
-        return [o.outputs[0].token_ids for o in map(llm.pop_output, ids)], llm.runner.stats, seen, llm.runner.round_ahead, rounds
+        outs, seen = spy_run(llm, prompts, params, late=4)
+        return [o.token_ids for o in outs], llm.runner.stats, seen, llm.runner.round_ahead, rounds
     sync, got = go(False), go(True)
     assert got[0] == sync[0] and got[1] == sync[1] and 0 < got[1].num_accepted_tokens < got[1].num_draft_tokens
     assert sync[4].replays > 10 and got[3].used >= 4 and got[3].dropped == 0 and got[3].rounds.advanced > 0

@@ -301,12 +301,12 @@ class ModelRunner:
 
     def _propose_all(self, pending: list, ready: dict | None = None, whole: bool = False) -> None:
         """Propose for every verified request: in one batched drafter forward for those the proposer can batch
-        (`batchable`: DSpark, every request, its newest ring-full of positions; MTP, a decode or verify step's) — for
+        (`batchable`: DSpark and MTP, every request, its newest window of positions) — for
         DSpark the captured greedy draft step when every request is greedy, else the sampled one — and request by
         request otherwise. `ready`: the fused round's result, whose drafts at the anchors the host has just accepted
         `settle` takes later."""
         pr = self.proposer
-        if ready is None:                      # requests the batch cannot take (a prefill's last chunk) go one by one
+        if ready is None:                      # requests the batch cannot take (`batchable`) go one by one
             batched = pr.propose_sampled is not None
             alone = [not (batched and pr.batchable(m)) for _, _, m, _ in pending]
             for (r, f, m, toks), one in zip(pending, alone):

@@ -320,11 +320,8 @@ class MTPProposer(Proposer):
 
     def observe(self, slot: int, rid: str, finals: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
         "Run the MTP layer on committed positions `p` with the target's streams and tokens `ids[p + 1]`."
-        self.ring.claim(slot, rid)
         p0, p1 = int(positions[0]), int(positions[-1])
-        nxt = torch.tensor(ids[p0 + 1:p1 + 2], device=finals.device)
-        logits, out = self.mtp.step(finals, nxt, positions, self.ring, slot)
-        self.last[rid] = (logits[-1], out[-1:])
+        self.observe_many([slot], [rid], [finals], [positions], [ids[p0 + 1:p1 + 2]], [p0])
 
     def propose(self, slot: int, rid: str, anchor: int, P: int, n: int, params, seed: int):
         logits, state = self.last[rid]                         # from position P-1: predicts P+1
@@ -340,24 +337,20 @@ class MTPProposer(Proposer):
         return toks, self.q[rid]
 
     def batchable(self, m: int) -> bool:
-        """Whether a request that committed `m` positions joins the step's batched MTP forward: a decode or verify
-        step's few positions (`1 + lookahead`); a prefill's last chunk is observed on its own."""
-        return m <= 1 + self.lookahead
+        "Every request joins the step's batched MTP forward: a prefill's last chunk as its newest window (`step_chunks`)."
+        return True
 
     def observe_many(self, slots: list[int], rids: list[str], finals: list[torch.Tensor], positions: list[torch.Tensor],
                      next_ids: list[list[int]], firsts: list[int] | None = None) -> None:
-        """`observe` for a step's verified requests in one MTP forward (`MTPDrafter.step_many`): request `i`'s
-        committed `positions[i]` with the target's streams `finals[i]` and `next_ids[i]`, the tokens at those
-        positions + 1. `firsts`: each request's first position, when the caller knows it on the host (the engine
-        does); else read back once."""
+        """`observe` for a step's requests in batched MTP forwards (`MTPDrafter.step_chunks`): request `i`'s committed
+        `positions[i]` with the target's streams `finals[i]` and `next_ids[i]`, the tokens at those positions + 1.
+        `firsts`: each request's first position, when the caller knows it on the host (the engine does); else read
+        back once."""
         for slot, rid in zip(slots, rids): self.ring.claim(slot, rid)
-        dev = finals[0].device
         if firsts is None: firsts = torch.stack([p[0] for p in positions]).tolist()   # one device-to-host copy
-        counts = [len(p) for p in positions]
-        nxt = on_device([t for x in next_ids for t in x], torch.long, dev)
-        logits, out = self.mtp.step_many(torch.cat(finals), nxt, torch.cat(positions), self.ring, slots, counts, firsts)
-        ends = torch.tensor(counts).cumsum(0).tolist()
-        for rid, e in zip(rids, ends): self.last[rid] = (logits[e - 1], out[e - 1:e])
+        nxt = on_device([t for x in next_ids for t in x], torch.long, finals[0].device).split([len(x) for x in next_ids])
+        logits, out = self.mtp.step_chunks(list(finals), list(nxt), self.ring, slots, firsts)
+        for i, rid in enumerate(rids): self.last[rid] = (logits[i], out[i:i + 1])
 
     def propose_rows(self, slots: list[int], rids: list[str], P: list[int], n: list[int], rp: RowParams) -> list[list[int]]:
         """Drafts for many requests at once, each with its settings in `rp`: `max(n)` batched MTP steps, draft `k`
