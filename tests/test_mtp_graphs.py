@@ -140,7 +140,8 @@ def test_step_chunks_runs_a_long_chunks_newest_window_only(mtp):
     for budget in (2**40, 1):                                  # one group; then every request alone
         ring = MTPRing(cfg, 4, 2, torch.float32, "cpu")
         for s in slots: ring.claim(s, str(s))
-        lg, out = mtp.step_chunks(h, nxt, ring, slots, firsts, budget=budget)
+        lg, out = mtp.step_chunks(h, nxt, [torch.arange(a, a + m) for a, m in zip(firsts, counts)], ring, slots, firsts,
+                                  budget=budget)
         for i, (wl, wo) in enumerate(want):
             torch.testing.assert_close(lg[i], wl, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(out[i], wo, rtol=1e-5, atol=1e-5)

@@ -127,24 +127,25 @@ class MTPDrafter(nn.Module):
         return self._layer(h, next_ids, positions, attend)
 
     @torch.no_grad()
-    def step_chunks(self, h: list[torch.Tensor], next_ids: list[torch.Tensor], ring: MTPRing, slots: list[int],
-                    firsts: list[int], budget: int = 2**28) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_chunks(self, h: list[torch.Tensor], next_ids: list[torch.Tensor], positions: list[torch.Tensor],
+                    ring: MTPRing, slots: list[int], firsts: list[int], budget: int = 2**28) -> tuple[torch.Tensor, torch.Tensor]:
         """`step_many` for requests' committed chunks of any length (a prefill's last chunk beside verify steps'
         few rows): each request's last row's logits `[R, V]` and output stream `[R, hc, D]`. Only a chunk's newest
         `sliding_window` rows run: a row attends to the window before it, so older rows' outputs and window rows are
         never read again (a long prompt costs a window, not its length). Requests go in groups whose key gathers
         (`step_rows`: every row gathers its ring and its chunk's rows) stay within `budget` bytes."""
         cut = [max(0, x.shape[0] - self.cfg.sliding_window) for x in h]
-        h, next_ids = [x[c:] for x, c in zip(h, cut)], [x[c:] for x, c in zip(next_ids, cut)]
-        firsts, counts = [a + c for a, c in zip(firsts, cut)], [x.shape[0] for x in h]
+        if any(cut):
+            h, next_ids, positions = ([x[c:] for x, c in zip(xs, cut)] for xs in (h, next_ids, positions))
+            firsts = [a + c for a, c in zip(firsts, cut)]
+        counts = [x.shape[0] for x in h]
         per_row = (ring.rows.shape[1] + max(counts)) * ring.rows.shape[2] * ring.rows.element_size()
         logits, outs, i = [], [], 0
         while i < len(h):
-            j = i + 1
-            while j < len(h) and sum(counts[i:j + 1]) * per_row <= budget: j += 1
-            pos = torch.cat([torch.arange(a, a + m) for a, m in zip(firsts[i:j], counts[i:j])]).to(h[i].device)
-            lg, x = self.step_many(torch.cat(h[i:j]), torch.cat(next_ids[i:j]), pos, ring, slots[i:j], counts[i:j],
-                                   firsts[i:j])
+            j, rows = i + 1, counts[i]
+            while j < len(h) and (rows + counts[j]) * per_row <= budget: rows += counts[j]; j += 1
+            lg, x = self.step_many(torch.cat(h[i:j]), torch.cat(next_ids[i:j]), torch.cat(positions[i:j]), ring,
+                                   slots[i:j], counts[i:j], firsts[i:j])
             last = torch.tensor(list(itertools.accumulate(counts[i:j])), device=lg.device) - 1
             logits.append(lg[last]); outs.append(x[last]); i = j
         return torch.cat(logits), torch.cat(outs)

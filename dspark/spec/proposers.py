@@ -349,7 +349,7 @@ class MTPProposer(Proposer):
         for slot, rid in zip(slots, rids): self.ring.claim(slot, rid)
         if firsts is None: firsts = torch.stack([p[0] for p in positions]).tolist()   # one device-to-host copy
         nxt = on_device([t for x in next_ids for t in x], torch.long, finals[0].device).split([len(x) for x in next_ids])
-        logits, out = self.mtp.step_chunks(list(finals), list(nxt), self.ring, slots, firsts)
+        logits, out = self.mtp.step_chunks(list(finals), list(nxt), list(positions), self.ring, slots, firsts)
         for i, rid in enumerate(rids): self.last[rid] = (logits[i], out[i:i + 1])
 
     def propose_rows(self, slots: list[int], rids: list[str], P: list[int], n: list[int], rp: RowParams) -> list[list[int]]:
