@@ -18,7 +18,7 @@ def graph_us(fn, n=20, reps=7):
         a, b = torch.cuda.Event(True), torch.cuda.Event(True)
         a.record(); g.replay(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) * 1000 / n)
     return round(sorted(ts)[reps // 2], 2)
-def kernels(fn, n=50):
+def kernels(fn, n=50, top=18):
     for _ in range(5): fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -28,7 +28,7 @@ def kernels(fn, n=50):
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             a = agg[e.name[:60]]; a[0] += 1; a[1] += e.device_time
-    top = sorted(agg.items(), key=lambda kv: -kv[1][1])
+    ranked = sorted(agg.items(), key=lambda kv: -kv[1][1])
     return {"kernels_per_replay": round(sum(v[0] for v in agg.values()) / n, 1),
             "kernel_ms_per_replay": round(sum(v[1] for v in agg.values()) / n / 1000, 4),
-            "top": [[k, round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in top[:18]]}   # name, per replay, µs per replay
+            "top": [[k, round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in ranked[:top]]}   # name, per replay, µs per replay
