@@ -12,6 +12,8 @@ from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.runtime.runner import next_ids
 from dspark.model.mtp import MTPRing, load_mtp
 from dspark.runtime.mtp_graphs import MTPGraphs
+from dspark.kernels.fused import qkv_rope_insert_
+from dspark.kernels.mtp import mtp_ring_attention
 from dspark.request import Request
 
 KV = dict(max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory_bytes=32 * 2**20)
@@ -23,11 +25,14 @@ def mtp(tmp_path_factory):
     return load_mtp(ck, dspark.load_target(ck, device="cpu", dtype="float32"))
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["torch", "kernels"])
 @pytest.mark.parametrize("seed", range(5))
-def test_step_rows_with_padding_equals_step_per_request(mtp, seed):
+def test_step_rows_with_padding_equals_step_per_request(mtp, seed, kernels):
     """Random requests (chunk lengths 1..4, stale draft rows in their rings), padding rows and padding requests,
     a key width past the longest chunk: the real rows' logits and streams, and every request's ring, equal those
-    of `step` run request by request (the reference); padding writes only the scratch slot, which stays invisible."""
+    of `step` run request by request (the reference); padding writes only the scratch slot, which stays invisible.
+    `kernels`: `step_rows` on the GPU fast path's kernels (chapter 17c's ring attention and the fused q/kv rotation,
+    here on Triton's interpreter), against the same torch reference."""
     cfg, g = mtp.cfg, torch.Generator().manual_seed(seed)
     ring = MTPRing(cfg, 5, 3, torch.float32, "cpu")
     n = ring.rows.shape[1]
@@ -50,12 +55,14 @@ def test_step_rows_with_padding_equals_step_per_request(mtp, seed):
         want.append(mtp.step(h[a:a + m], nxt[a:a + m], pos[a:a + m], want_ring, s)); a += m
     pad_rows, pad_reqs = int(torch.randint(0, 4, (1,), generator=g)), int(torch.randint(0, 3, (1,), generator=g))
     z = torch.zeros(pad_rows, dtype=torch.long)
-    got, got_x = mtp.step_rows(
+    if kernels: mtp.rope_kernel, mtp.ring_kernel = qkv_rope_insert_, mtp_ring_attention
+    try: got, got_x = mtp.step_rows(
         torch.cat([h, torch.randn(pad_rows, *h.shape[1:], generator=g)]), torch.cat([nxt, z]), torch.cat([pos, z]),
         torch.tensor([i for i, m in enumerate(counts) for _ in range(m)] + [-1] * pad_rows), ring,
         torch.tensor(slots + [ring.scratch] * pad_reqs), torch.tensor(firsts + [0] * pad_reqs),
         torch.tensor([a + m - 1 for a, m in zip(firsts, counts)] + [0] * pad_reqs),
         torch.tensor([sum(counts[:i]) for i in range(R)] + [0] * pad_reqs), 5)   # width past the longest chunk
+    finally: mtp.rope_kernel = mtp.ring_kernel = None
     torch.testing.assert_close(got[:T], torch.cat([w[0] for w in want]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_x[:T], torch.cat([w[1] for w in want]), rtol=1e-5, atol=1e-5)
     for s in range(5):

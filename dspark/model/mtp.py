@@ -19,7 +19,7 @@ from .layers import RMSNorm, hc_head, hc_post, hc_pre, rope_cos_sin
 from .transformer import Block, Transformer
 
 # %% auto #0
-__all__ = ['MTPStage', 'MTPRing', 'MTPDrafter', 'load_mtp']
+__all__ = ['MTPStage', 'MTPRing', 'ring_attention', 'MTPDrafter', 'load_mtp']
 
 # %% ../../nbs/10_mtp.ipynb #cd214611
 class MTPStage(Block):
@@ -52,12 +52,35 @@ class MTPRing:
         ok = (self.pos[slot] >= lo) & (self.pos[slot] <= hi)
         return self.rows[slot][ok], self.pos[slot][ok]
 
+def ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, row_req: torch.Tensor,
+                   slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor,
+                   positions: torch.Tensor, width: int, window: int, sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """`MTPDrafter.step_rows`' attention, `[T, H, d]` fp32: query row `t` (`q [T, H, d]`, at `positions[t]`, of
+    request row `row_req[t]`, −1: padding) over its request's ring (`rows [rings, n, d]` at positions `pos [rings,
+    n]`, ring `slots[r]`; rows before the chunk's `first[r]`) and the request's rows of this call (`kv [T, d]`, rows
+    `start[r]` to `start[r] + last[r] − first[r]`, causal), every key inside the window, plus the sinks. A padding
+    row sees no key (its output is zero). Each row's keys are gathered for it: `[T, n + width]` keys in all."""
+    T = q.shape[0]
+    valid, rq = row_req >= 0, row_req.clamp(min=0)
+    inside = lambda d: (d >= 0) & (d < window)                  # a key position `d` before the query, in the window
+    own = slots[rq]
+    rk, rp = rows[own], pos[own]                                # [T, n, d], [T, n]: each row's request's ring
+    vis_ring = valid[:, None] & (rp >= 0) & (rp < first[rq][:, None]) & inside(positions[:, None] - rp)
+    j = torch.arange(width, device=q.device)
+    cols = (start[rq][:, None] + j).clamp(0, T - 1)             # [T, width]: the request's rows of this call
+    vis_step = valid[:, None] & (j < (last - first + 1)[rq][:, None]) & inside(positions[:, None] - positions[cols])
+    o = sink_attention(q[:, None], torch.cat([rk.to(kv.dtype), kv[cols]], 1), torch.cat([vis_ring, vis_step], 1)[:, None],
+                       sink, scale)
+    return o[:, 0]
+
 class MTPDrafter(nn.Module):
     "The `mtp.0` NextN layer of a V4 checkpoint; shares the target's embedding and head."
     def __init__(self, cfg: ModelConfig, target: Transformer):
         super().__init__()
         self.cfg, self.mtp, self._target = cfg, nn.ModuleList([MTPStage(cfg)]), [target]
         self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in the fused kernels (chapter 14), as for DSpark
+        self.rope_kernel = None                      # ... the fused q/kv norm + RoPE kernel (`kernels_fused.qkv_rope_insert_`)
+        self.ring_kernel = None                      # ... and `step_rows`' attention in one launch (chapter 17c)
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -104,26 +127,18 @@ class MTPDrafter(nn.Module):
         V4-Flash-sized layer.) Padding rows see no key; their outputs are garbage that nobody reads. Ring writes
         are scatters: padding rows, and rows older than the request's newest ring-full, land in the scratch slot
         with position -1, so it never holds a visible row. No boolean indexing, no host copy."""
-        w, n, T = self.cfg.sliding_window, ring.rows.shape[1], h.shape[0]
+        n = ring.rows.shape[1]
         valid = row_req >= 0
         rq = row_req.clamp(min=0)
-        inside = lambda d: (d >= 0) & (d < w)                       # a key position `d` before the query, in the window
+        attention = self.ring_kernel or ring_attention              # the GPU fast path: one launch (chapter 17c)
         def attend(q, kv):
-            own = slots[rq]
-            rk, rp = ring.rows[own], ring.pos[own]                  # [T, n, d], [T, n]: each row's request's ring
-            vis_ring = valid[:, None] & (rp >= 0) & (rp < first[rq][:, None]) & inside(positions[:, None] - rp)
-            j = torch.arange(width, device=h.device)
-            cols = (start[rq][:, None] + j).clamp(0, T - 1)           # [T, width]: the request's rows of this call
-            vis_step = (valid[:, None] & (j < (last - first + 1)[rq][:, None])
-                        & inside(positions[:, None] - positions[cols]))
-            a = self.mtp[0].attn                                      # sink attention, keys per row
-            o = sink_attention(q[0][:, None], torch.cat([rk.to(kv.dtype), kv[0][cols]], 1),
-                               torch.cat([vis_ring, vis_step], 1)[:, None], a.attn_sink, self.cfg.head_dim ** -0.5)
+            o = attention(q[0], kv[0], ring.rows, ring.pos, row_req, slots, first, last, start, positions, width,
+                          self.cfg.sliding_window, self.mtp[0].attn.attn_sink, self.cfg.head_dim ** -0.5)
             keep = valid & (positions > last[rq] - n)          # each request's newest ring-full: one writer a place
-            dst, at = torch.where(keep, own, ring.scratch), positions.clamp(min=0) % n
+            dst, at = torch.where(keep, slots[rq], ring.scratch), positions.clamp(min=0) % n
             ring.rows[dst, at] = kv[0].to(ring.rows.dtype)
             ring.pos[dst, at] = torch.where(keep, positions, -1)
-            return o[:, 0][None]
+            return o[None]
         return self._layer(h, next_ids, positions, attend)
 
     @torch.no_grad()
@@ -168,6 +183,26 @@ class MTPDrafter(nn.Module):
         a = self.mtp[0].attn
         return sink_attention(q, keys[None], mask[None], a.attn_sink, self.cfg.head_dim ** -0.5)
 
+    def _qkv(self, attn, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query heads `[1, n, H, d]` and K=V rows `[1, n, d]`: `Attention.qkv`, or on the GPU fast path its
+        projections and one kernel that norms and rotates both in place, as the DSpark drafter's stages do."""
+        if self.rope_kernel is None:
+            q, _, kv = attn.qkv(y, cos, sin)
+            return q, kv
+        y = y[0]
+        q = attn.wq_b(attn.q_norm(attn.wq_a(y))).view(y.shape[0], -1, self.cfg.head_dim)
+        kv = attn.wkv(y)
+        q = self.rope_kernel(q, cos, sin, self.cfg.rms_norm_eps, kv, attn.kv_norm.weight)[0]
+        return q[None], kv[None]
+
+    def _output(self, attn, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        "`Attention.output`; on the fast path the inverse rotation is one kernel that writes the projection's dtype."
+        if self.rope_kernel is None: return attn.output(o, cos, sin, dtype)
+        o = o[0]
+        ob = None if o.dtype == dtype else torch.empty(o.shape, dtype=dtype, device=o.device)
+        o = self.rope_kernel(o.contiguous(), cos, sin, self.cfg.rms_norm_eps, q_norm=False, inverse=True, out=ob)[0]
+        return attn.project_out(o)[None]
+
     def _layer(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, attend):
         "The NextN block around `attend(q, kv)` (which reads and writes the window rows): logits and output streams."
         cfg, st = self.cfg, self.mtp[0]
@@ -177,9 +212,9 @@ class MTPDrafter(nn.Module):
         y, post, comb = hc_pre(x, *st.site("attn"), cfg)
         y = st.attn_norm(y)
         cos, sin = rope_cos_sin(st.attn.inv_freq.to(x.device), positions)
-        q, _, kv = st.attn.qkv(y, cos, sin)
+        q, kv = self._qkv(st.attn, y, cos, sin)
         o = attend(q, kv)
-        x = hc_post(st.attn.output(o, cos, sin, y.dtype), x, post, comb)
+        x = hc_post(self._output(st.attn, o, cos, sin, y.dtype), x, post, comb)
         y, post, comb = hc_pre(x, *st.site("ffn"), cfg)
         x = hc_post(st.ffn(st.ffn_norm(y)), x, post, comb)
         out = hc_head(x, st.hc_head_fn, st.hc_head_base, st.hc_head_scale, cfg)

@@ -22,6 +22,7 @@ from ..kernels.fp8 import fp8_grouped_linear, fp8_linear, fp8_linear_check
 from ..kernels.fp4_grouped import fp4_moe_check, fp4_moe_layer
 from ..kernels.fp4_moe import stack_fp4_experts
 from ..kernels.fused import qkv_rope_insert_
+from ..kernels.mtp import mtp_kernels_check, mtp_ring_attention
 from ..kernels.round import window_triton
 from ..kernels.step import rms_norm_fused, router_fused, swiglu_fused
 from ..model.attention import Attention
@@ -91,7 +92,8 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     any dtype and cheap for the small expert counts that use it. On a GPU the norms, routers and SwiGLU
     activations also get their one-launch kernels (chapter 15), for inference outside batch-invariant mode, and the
     DSpark drafter's block attention its fused q/kv norm + RoPE kernel (chapter 13), its attention and greedy Markov
-    loop theirs (chapter 17) once `draft_kernels_check` finds them in agreement with their references on the device."""
+    loop theirs (chapter 17) once `draft_kernels_check` finds them in agreement with their references on the device;
+    the MTP layer the same rotation kernel and its ring attention (chapter 17c) once `mtp_kernels_check` does."""
     w = (model.embed if hasattr(model, "embed") else model.target.embed).weight    # a drafter: its target's
     stored_kernels(model)                                  # FP8 linears and FP4 experts kept as stored (chapter 07a)
     for m in model.modules():                              # RoPE tables next to the weights: no copies in a step
@@ -112,7 +114,11 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         if isinstance(m, Gate): m.fast = router_fused
         if isinstance(m, Expert): m.fast = swiglu_fused
         if isinstance(m, MoE): stack_linears(m.shared_experts, (m.shared_experts.w1, m.shared_experts.w3))
-    if hasattr(model, "rope_kernel"):                      # the DSpark drafter: its block attention and Markov loop
+    if hasattr(model, "ring_kernel"):                      # the MTP layer: its q/kv rotation and ring attention
+        why = mtp_kernels_check(model)                     # chapter 17c: on only once it agrees on this device
+        if why is None: model.rope_kernel, model.ring_kernel = qkv_rope_insert_, mtp_ring_attention
+        else: log.warning("MTP kernels off, the MTP layer keeps its torch path: %s", why)
+    elif hasattr(model, "rope_kernel"):                    # the DSpark drafter: its block attention and Markov loop
         model.rope_kernel = qkv_rope_insert_
         why = draft_kernels_check(model)                   # chapter 17: on only once they agree on this device
         if why is None:
