@@ -16,7 +16,7 @@ from .hc import launch
 import triton
 import triton.language as tl
 
-from ..model.mtp import ring_attention
+from ..model.mtp import ring_attention, ring_write
 
 # %% auto #0
 __all__ = ['mtp_ring_attention', 'mtp_kernels_check']
@@ -25,9 +25,11 @@ __all__ = ['mtp_ring_attention', 'mtp_kernels_check']
 @triton.jit
 def _ring_attn_kernel(q_ptr, s_qt, s_qh, kv_ptr, s_kvt, rows_ptr, s_rr, s_rn, pos_ptr, s_pr, req_ptr, slot_ptr,
                       first_ptr, last_ptr, start_ptr, tpos_ptr, sink_ptr, o_ptr, s_ot, s_oh, T, H, NR, Dh, window, scale,
-                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+                      scratch, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                      BLOCK_D: tl.constexpr, WRITE: tl.constexpr):
     """Program (row t, head block): row t's `BLOCK_H` query heads over its request's ring, tile by tile, then over the
-    request's rows of this call, with an online softmax in fp32 and the sinks last."""
+    request's rows of this call, with an online softmax in fp32 and the sinks last. `WRITE`: the first head block
+    also writes row t's key into the ring (`MTPDrafter.step_rows`' scatter), where no program of the launch reads."""
     t, hb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     hh, dd = hb * BLOCK_H + tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
     hm, dm = hh < H, dd < Dh
@@ -70,13 +72,29 @@ def _ring_attn_kernel(q_ptr, s_qt, s_qh, kv_ptr, s_kvt, rows_ptr, s_rr, s_rn, po
     l_i = l_i * alpha + tl.exp(sink - m_new)
     o = acc * (alpha / l_i)[:, None]
     tl.store(o_ptr + t * s_ot + hh[:, None] * s_oh + dd[None, :], o, mask=hm[:, None] & dm[None, :])
+    if WRITE:
+        if hb == 0:                               # the request's newest ring-full; the rest to the scratch ring
+            keep = live & (p > l - NR)
+            dst = tl.where(keep, own, scratch).to(tl.int64)
+            at = tl.maximum(p, 0) % NR
+            row = tl.load(kv_ptr + t * s_kvt + dd, mask=dm, other=0.0)
+            tl.store(rows_ptr + dst * s_rr + at * s_rn + dd, row.to(rows_ptr.dtype.element_ty), mask=dm)
+            tl.store(pos_ptr + dst * s_pr + at + tl.arange(0, 1), tl.where(keep, p, -1))
 
 
 # %% ../../nbs/17c_kernels_mtp.ipynb #f932e2f4
 def mtp_ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, row_req: torch.Tensor,
                        slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor,
-                       positions: torch.Tensor, width: int, window: int, sink: torch.Tensor, scale: float) -> torch.Tensor:
-    """`mtp.ring_attention` in one launch (same arguments, `[T, H, d]` fp32): no gathered keys, no masks in memory."""
+                       positions: torch.Tensor, width: int, window: int, sink: torch.Tensor, scale: float,
+                       scratch: int | None = None) -> torch.Tensor:
+    """`mtp.ring_attention` in one launch (same arguments, `[T, H, d]` fp32): no gathered keys, no masks in memory.
+    `scratch` (the ring's scratch slot): the launch also writes each row's key `kv` and position into the ring, as
+    `MTPDrafter.step_rows` does after the attention (rows before the request's newest ring-full, and padding rows,
+    into `scratch` at position −1). Only for calls of at most `n − window + 1` rows a request (`width`): a write lands
+    where no row of the call reads, which a longer chunk would break (a row near its start still needs the ring row
+    that a row near its end overwrites)."""
+    if scratch is not None and width > rows.shape[1] - window + 1:
+        raise ValueError(f"the ring write needs width <= {rows.shape[1] - window + 1} (ring places less the window, plus one), got {width}")
     T, H, Dh = q.shape
     if q.stride(-1) != 1 or kv.stride(-1) != 1 or rows.stride(-1) != 1:
         raise ValueError("q, kv and the ring rows must have unit stride in their last dim")
@@ -87,8 +105,9 @@ def mtp_ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, po
     BLOCK_N = 16 if BLOCK_D > 256 else 32
     launch(_ring_attn_kernel, (T, triton.cdiv(H, BLOCK_H)), q, q.stride(0), q.stride(1), kv, kv.stride(0), rows,
            rows.stride(0), rows.stride(1), pos, pos.stride(0), row_req, slots, first, last, start, positions, sink, out,
-           out.stride(0), out.stride(1), T, H, rows.shape[1], Dh, window, scale, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
-           BLOCK_W=max(16, triton.next_power_of_2(width)), BLOCK_D=BLOCK_D, num_warps=8 if BLOCK_D > 256 else 4)
+           out.stride(0), out.stride(1), T, H, rows.shape[1], Dh, window, scale, -1 if scratch is None else scratch,
+           BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_W=max(16, triton.next_power_of_2(width)), BLOCK_D=BLOCK_D,
+           WRITE=scratch is not None, num_warps=8 if BLOCK_D > 256 else 4)
     return out
 
 
@@ -96,7 +115,8 @@ def mtp_ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, po
 @torch.no_grad()
 def mtp_kernels_check(mtp, seed: int = 0, tol: float = 1e-4) -> str | None:
     """`mtp_ring_attention` against `mtp.ring_attention` once, at `mtp`'s shapes (heads, head dim, window, sinks) on
-    its device: None when they agree within `tol` (fp32 sums in another order), else what differs."""
+    its device, and with its ring write against `mtp.ring_write`: None when the outputs agree within `tol` (fp32 sums
+    in another order) and the rings exactly, else what differs."""
     cfg, dev = mtp.cfg, mtp.mtp[0].attn.attn_sink.device
     dt = mtp.target.embed.weight.dtype
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -122,4 +142,12 @@ def mtp_kernels_check(mtp, seed: int = 0, tol: float = 1e-4) -> str | None:
             d ** -0.5)
     want, got = ring_attention(*args), mtp_ring_attention(*args)
     err = float((want - got).abs().max())
-    return None if err <= tol else f"MTP ring attention differs from its reference by {err:.3g} (tolerance {tol})"
+    if err > tol: return f"MTP ring attention differs from its reference by {err:.3g} (tolerance {tol})"
+    ref_rows, ref_pos = rows.clone(), args[3].clone()
+    ring_write(ref_rows, ref_pos, args[1], args[4], args[5], args[7], args[9], rings - 1)
+    got = mtp_ring_attention(*args, scratch=rings - 1)             # writes `rows` and `pos` in place
+    err = float((want - got).abs().max())
+    if err > tol: return f"MTP ring attention with its ring write differs from its reference by {err:.3g} (tolerance {tol})"
+    if not (torch.equal(rows, ref_rows) and torch.equal(args[3], ref_pos)):
+        return "MTP ring attention's ring write differs from mtp.ring_write"
+    return None

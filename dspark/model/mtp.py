@@ -19,7 +19,7 @@ from .layers import RMSNorm, hc_head, hc_post, hc_pre, rope_cos_sin
 from .transformer import Block, Transformer
 
 # %% auto #0
-__all__ = ['MTPStage', 'MTPRing', 'ring_attention', 'MTPDrafter', 'load_mtp']
+__all__ = ['MTPStage', 'MTPRing', 'ring_attention', 'ring_write', 'MTPDrafter', 'load_mtp']
 
 # %% ../../nbs/10_mtp.ipynb #cd214611
 class MTPStage(Block):
@@ -72,6 +72,17 @@ def ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, pos: t
     o = sink_attention(q[:, None], torch.cat([rk.to(kv.dtype), kv[cols]], 1), torch.cat([vis_ring, vis_step], 1)[:, None],
                        sink, scale)
     return o[:, 0]
+
+def ring_write(rows: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, row_req: torch.Tensor, slots: torch.Tensor,
+               last: torch.Tensor, positions: torch.Tensor, scratch: int) -> None:
+    """`step_rows`' ring writes, after its attention: row `t`'s key `kv[t]` and position into its request's ring at
+    `positions[t] mod n`, for the request's newest ring-full of rows (one writer a place); older rows and padding rows
+    go to the `scratch` ring at position −1, so it never holds a visible row. Scatters: no boolean indexing."""
+    n, valid, rq = rows.shape[1], row_req >= 0, row_req.clamp(min=0)
+    keep = valid & (positions > last[rq] - n)
+    dst, at = torch.where(keep, slots[rq], scratch), positions.clamp(min=0) % n
+    rows[dst, at] = kv.to(rows.dtype)
+    pos[dst, at] = torch.where(keep, positions, -1)
 
 class MTPDrafter(nn.Module):
     "The `mtp.0` NextN layer of a V4 checkpoint; shares the target's embedding and head."
@@ -127,17 +138,14 @@ class MTPDrafter(nn.Module):
         V4-Flash-sized layer.) Padding rows see no key; their outputs are garbage that nobody reads. Ring writes
         are scatters: padding rows, and rows older than the request's newest ring-full, land in the scratch slot
         with position -1, so it never holds a visible row. No boolean indexing, no host copy."""
-        n = ring.rows.shape[1]
-        valid = row_req >= 0
-        rq = row_req.clamp(min=0)
-        attention = self.ring_kernel or ring_attention              # the GPU fast path: one launch (chapter 17c)
+        w = self.cfg.sliding_window
+        fused = self.ring_kernel is not None and width <= ring.rows.shape[1] - w + 1   # it writes the ring too
         def attend(q, kv):
-            o = attention(q[0], kv[0], ring.rows, ring.pos, row_req, slots, first, last, start, positions, width,
-                          self.cfg.sliding_window, self.mtp[0].attn.attn_sink, self.cfg.head_dim ** -0.5)
-            keep = valid & (positions > last[rq] - n)          # each request's newest ring-full: one writer a place
-            dst, at = torch.where(keep, slots[rq], ring.scratch), positions.clamp(min=0) % n
-            ring.rows[dst, at] = kv[0].to(ring.rows.dtype)
-            ring.pos[dst, at] = torch.where(keep, positions, -1)
+            args = (q[0], kv[0], ring.rows, ring.pos, row_req, slots, first, last, start, positions, width, w,
+                    self.mtp[0].attn.attn_sink, self.cfg.head_dim ** -0.5)
+            if fused: return self.ring_kernel(*args, scratch=ring.scratch)[None]      # one launch (chapter 17c)
+            o = (self.ring_kernel or ring_attention)(*args)
+            ring_write(ring.rows, ring.pos, kv[0], row_req, slots, last, positions, ring.scratch)
             return o[None]
         return self._layer(h, next_ids, positions, attend)
 
