@@ -27,8 +27,8 @@ from ..model.quant import dequantize_index_rows, dequantize_kv_rows
 from ..model.layers import is_batch_invariant, topk_stable
 
 # %% auto #0
-__all__ = ['SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'BatchMeta', 'batch_meta', 'sparse_attention', 'sparse_attention_ref',
-           'indexer_scores', 'indexer_topk', 'indexer_topk_ref', 'medium_batch']
+__all__ = ['SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'BatchMeta', 'batch_meta', 'online_softmax_step', 'sparse_attention',
+           'sparse_attention_ref', 'indexer_scores', 'indexer_topk', 'indexer_topk_ref', 'medium_batch']
 
 # %% ../../nbs/12_kernels_attention.ipynb #4cdc85ce
 @dataclass
@@ -63,7 +63,7 @@ def batch_meta(seqs, lens: list[int], block_size: int, pad_to: int | None = None
 
 # %% ../../nbs/12_kernels_attention.ipynb #f879fc32
 @triton.jit
-def _online_softmax_step(q, k, valid, m, l, acc, scale, PREC: tl.constexpr):
+def online_softmax_step(q, k, valid, m, l, acc, scale, PREC: tl.constexpr):
     "Fold one tile of keys `k [BN, D]` (K = V; `valid [BN]`) into the running max, denominator and numerator."
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale             # [BH, BN]
     s = tl.where(valid[None, :], s, float("-inf"))
@@ -125,7 +125,7 @@ def _sparse_attn_kernel(q_ptr, o_ptr, ml_ptr, acc_ptr, win_ptr, ent_ptr, sink_pt
         rows = blk * swin_b + (kp % block_size) * swin_r
         k = _load_rows(win_ptr, wsc_ptr, rows, blk * swsc_b + (kp % block_size) * swsc_r, valid, dd, D, NOPE, FP8)
         k = k.to(q.dtype)                                              # exact: FP8 values and BF16 fit q's dtype
-        m, l, acc = _online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
+        m, l, acc = online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
     if MODE != 0:  # compressed entries: the indexer's top-k (MODE 1, CSA) or every visible one (MODE 2, HCA)
         n_vis = tl.where(live, (p + 1) // ratio, 0)
         per_block = block_size // ratio
@@ -139,7 +139,7 @@ def _sparse_attn_kernel(q_ptr, o_ptr, ml_ptr, acc_ptr, win_ptr, ent_ptr, sink_pt
             rows = blk * sent_b + (e % per_block) * sent_r
             k = _load_rows(ent_ptr, esc_ptr, rows, blk * sesc_b + (e % per_block) * sesc_r, valid, dd, D, NOPE, FP8)
             k = k.to(q.dtype)
-            m, l, acc = _online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
+            m, l, acc = online_softmax_step(q, k, valid, m, l, acc, scale, PREC)
     if SPLITS == 1:
         tl.store(o_ptr + t * so_t + heads[:, None] * so_h + dd[None, :], acc / l[:, None], mask=hm[:, None] & dm[None, :])
     else:          # partial results [N, SPLITS, H] (max, denominator) and [N, SPLITS, H, D] (numerator)

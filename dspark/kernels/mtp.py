@@ -12,6 +12,7 @@ import torch
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
+from .attention import online_softmax_step
 from .hc import launch
 import triton
 import triton.language as tl
@@ -48,24 +49,13 @@ def _ring_attn_kernel(q_ptr, s_qt, s_qh, kv_ptr, s_kvt, rows_ptr, s_rr, s_rn, po
         rp = tl.load(pos_ptr + own * s_pr + j, mask=j < NR, other=-1)
         ok = live & (j < NR) & (rp >= 0) & (rp < f) & (p - rp >= 0) & (p - rp < window)
         k = tl.load(rows_ptr + own * s_rr + j[:, None] * s_rn + dd[None, :], mask=ok[:, None] & dm[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha, pr = tl.exp(m_i - m_new), tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(pr, 1)
-        acc = acc * alpha[:, None] + tl.dot(pr, k, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(q, k, ok, m_i, l_i, acc, scale, "ieee")
     j = tl.arange(0, BLOCK_W)                     # the request's rows of this call: causal, inside the window
     c = tl.minimum(st + j, T - 1)
     pc = tl.load(tpos_ptr + c)
     ok = live & (j < l - f + 1) & (p - pc >= 0) & (p - pc < window)
     k = tl.load(kv_ptr + c[:, None] * s_kvt + dd[None, :], mask=ok[:, None] & dm[None, :], other=0.0).to(tl.float32)
-    s = tl.where(ok[None, :], tl.dot(q, tl.trans(k), input_precision="ieee") * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha, pr = tl.exp(m_i - m_new), tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(pr, 1)
-    acc = acc * alpha[:, None] + tl.dot(pr, k, input_precision="ieee")
-    m_i = m_new
+    m_i, l_i, acc = online_softmax_step(q, k, ok, m_i, l_i, acc, scale, "ieee")
     sink = tl.load(sink_ptr + hh, mask=hm, other=0.0).to(tl.float32)
     m_new = tl.maximum(m_i, sink)
     alpha = tl.exp(m_i - m_new)
