@@ -111,7 +111,7 @@ def mtp_kernels_check(mtp, seed: int = 0, tol: float = 1e-4) -> str | None:
     cfg, dev = mtp.cfg, mtp.mtp[0].attn.attn_sink.device
     dt = mtp.target.embed.weight.dtype
     g = torch.Generator(device="cpu").manual_seed(seed)
-    H, d, w = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
+    H, d, w = mtp.mtp[0].attn.attn_sink.shape[0], cfg.head_dim, cfg.sliding_window   # this rank's heads
     rings, n, width = 5, w + 3, 4
     counts, firsts = [4, 1, 3, 0], [w + 7, w + 8, 3, 0]              # neighbours inside each other's window;
     # the last request is padding
