@@ -1,6 +1,6 @@
 """MTP on the GPU (chapters 23-24): greedy tokens with graphs (fused rounds: verify, accept and draft in one replay,
 launched ahead) equal the eager engine's (the embedded model's MTP layer, K = 1 and 3, bf16, four held-out prompts);
-then the bench's decode runs for no-spec, MTP at K = 1 and 3, and DSpark at 1, 16 and 64 requests (128 tokens after
+then the bench's decode runs for no-spec, MTP at K = 1, 2 and 3, and DSpark at 1, 16 and 64 requests (128 tokens after
 128-token prompts; the held-out pool is wrapped to 64 as the bench does). One run.
 
     OUT=. python benchmarks/scripts/mtp_gpu.py            # H100/H200, about 3 minutes; $OUT/mtp_gpu.json
@@ -30,7 +30,7 @@ for K in (1, 3):
     save()
 res["decode"] = []
 for c in (1, 16, 64):
-    for mode, k in ((None, None), ("mtp", 1), ("mtp", 3), ("dspark", None)):
+    for mode, k in ((None, None), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("dspark", None)):
         path = DEFAULT_MODEL / "mtp" if mode == "mtp" else DEFAULT_MODEL
         try: r = decode_run(path, prompts[:c], mode, k, 128, "cuda", "bfloat16")
         except Exception as e: r = {"mode": mode, "k": k, "concurrency": c, "error": f"{type(e).__name__}: {str(e)[:300]}"}
