@@ -126,7 +126,7 @@ class MTPDrafter(nn.Module):
     @torch.no_grad()
     def step_rows(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, row_req: torch.Tensor,
                   ring: MTPRing, slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor, start: torch.Tensor,
-                  width: int):
+                  width: int, heads: torch.Tensor | None = None, fp32: bool = True):
         """The batched step in fixed shapes, all on the device (what `step_many` and chapter 24's graphs run): rows
         `h [T, hc, D]` at `positions [T]` belong to request row `row_req [T]` (-1: padding) of the request rows
         `slots`, `first`, `last`, `start` (`[B]` each: its ring slot, padding rows naming the ring's scratch slot;
@@ -147,7 +147,7 @@ class MTPDrafter(nn.Module):
             o = (self.ring_kernel or ring_attention)(*args)
             ring_write(ring.rows, ring.pos, kv[0], row_req, slots, last, positions, ring.scratch)
             return o[None]
-        return self._layer(h, next_ids, positions, attend)
+        return self._layer(h, next_ids, positions, attend, heads, fp32)
 
     @torch.no_grad()
     def step_chunks(self, h: list[torch.Tensor], next_ids: list[torch.Tensor], positions: list[torch.Tensor],
@@ -174,16 +174,17 @@ class MTPDrafter(nn.Module):
         return torch.cat(logits), torch.cat(outs)
 
     @torch.no_grad()
-    def draft_rows(self, logits: torch.Tensor, x: torch.Tensor, at: torch.Tensor, last: torch.Tensor, live: torch.Tensor,
+    def draft_rows(self, logits: torch.Tensor, state: torch.Tensor, last: torch.Tensor, live: torch.Tensor,
                    ring: MTPRing, slots: torch.Tensor, K: int) -> torch.Tensor:
-        """Greedy drafts `[R, K]` after a `step_rows` call: rows `at` (each request's last committed row, at position
-        `last`) give the first draft and the stream of the next step, then `K − 1` steps on the drafts themselves,
-        one row a request (`live`: the request's index, −1 for padding). Capturable."""
-        own = torch.arange(at.shape[0], device=at.device)
-        drafts, state = [logits[at].argmax(-1)], x[at]
+        """Greedy drafts `[R, K]` after a `step_rows` call: each request's last committed row (at position `last`)
+        gives its logits `[R, V]` (the first draft) and its stream `state [R, hc, D]` (the next step's input), then
+        `K − 1` steps on the drafts themselves, one row a request (`live`: the request's index, −1 for padding).
+        Only argmaxes are taken, so the logits stay in the head's dtype (the same argmax as in fp32). Capturable."""
+        own = torch.arange(last.shape[0], device=last.device)
+        drafts = [logits.argmax(-1)]
         for k in range(1, K):                                   # position last + k with draft k: predicts last + k + 2
             pos = last + k
-            lg, state = self.step_rows(state, drafts[-1], pos, live, ring, slots, pos, pos, own, 1)
+            lg, state = self.step_rows(state, drafts[-1], pos, live, ring, slots, pos, pos, own, 1, fp32=False)
             drafts.append(lg.argmax(-1))
         return torch.stack(drafts, 1)
 
@@ -211,8 +212,11 @@ class MTPDrafter(nn.Module):
         o = self.rope_kernel(o.contiguous(), cos, sin, self.cfg.rms_norm_eps, q_norm=False, inverse=True, out=ob)[0]
         return attn.project_out(o)[None]
 
-    def _layer(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, attend):
-        "The NextN block around `attend(q, kv)` (which reads and writes the window rows): logits and output streams."
+    def _layer(self, h: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, attend,
+               heads: torch.Tensor | None = None, fp32: bool = True):
+        """The NextN block around `attend(q, kv)` (which reads and writes the window rows): logits and output streams.
+        `heads`: the rows whose logits are wanted (all when None: a greedy draft reads one row a request, so the head
+        need not run on the others); `fp32=False` keeps the head's dtype."""
         cfg, st = self.cfg, self.mtp[0]
         hc_pre, hc_post, hc_head = self.mhc
         e = st.e_proj(st.enorm(self.target.embed(next_ids)))
@@ -226,7 +230,9 @@ class MTPDrafter(nn.Module):
         y, post, comb = hc_pre(x, *st.site("ffn"), cfg)
         x = hc_post(st.ffn(st.ffn_norm(y)), x, post, comb)
         out = hc_head(x, st.hc_head_fn, st.hc_head_base, st.hc_head_scale, cfg)
-        return self.target.head(st.norm(out)).float()[0], x[0]
+        if heads is not None: out = out[:, heads]
+        logits = self.target.head(st.norm(out))[0]
+        return (logits.float() if fp32 else logits), x[0]
 
 def load_mtp(path, target: Transformer, progress: bool | None = None, shard=None,
              quantization: str = "none") -> MTPDrafter:

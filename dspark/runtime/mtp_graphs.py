@@ -46,9 +46,10 @@ class MTPGraphs:
         "The drafting of bucket `b` (`b` request rows, `b·W` committed-row slots), from the buffers: drafts `[b, K]`."
         mtp, ring, T = self.pr.mtp, self.pr.ring, b * self.W
         sl, last = self.slots[:b], self.last[:b]
+        at = self.last_row[:b]                                 # each request's last committed row: its logits only
         logits, x = mtp.step_rows(self.h[:T], self.next_ids[:T], self.positions[:T], self.row_req[:T], ring,
-                                  sl, self.first[:b], last, self.start[:b], self.W)
-        return mtp.draft_rows(logits, x, self.last_row[:b], last, self.live[:b], ring, sl, self.K)
+                                  sl, self.first[:b], last, self.start[:b], self.W, heads=at, fp32=False)
+        return mtp.draft_rows(logits, x[at], last, self.live[:b], ring, sl, self.K)
 
     def fits(self, counts: list[int]) -> bool:
         return len(counts) <= self.sizes[-1] and all(1 <= m <= self.W for m in counts)

@@ -418,10 +418,11 @@ class MTPProposer(Proposer):
         rows = (first[:, None] + j).clamp(max=n - 1).reshape(-1)
         p0 = torch.where(live, P - a - 1, 0)                 # the old anchor's position
         mine = live[:, None] & (j <= a[:, None])
+        at = req * W + a                                     # each request's last committed row: its logits only
         logits, x = self.mtp.step_rows(finals[rows], verified[:n][rows], torch.where(mine, p0[:, None] + j, 0).reshape(-1),
                                        torch.where(mine, req[:, None], -1).reshape(-1), self.ring, slots, p0, p0 + a,
-                                       req * W, W)
-        drafts = self.mtp.draft_rows(logits, x, req * W + a, p0 + a, torch.where(live, req, -1), self.ring, slots, K)
+                                       req * W, W, heads=at, fp32=False)
+        drafts = self.mtp.draft_rows(logits, x[at], p0 + a, torch.where(live, req, -1), self.ring, slots, K)
         return drafts, torch.zeros(R, K, device=dev), torch.ones(R, dtype=torch.bool, device=dev)
 
     round_shape = property(lambda self: (self.lookahead, self.ring.w, self.ring.scratch))
