@@ -1,4 +1,4 @@
-"""The NextN (MTP) drafter's attention over each request's window ring and the rows of its own call, in one launch: its torch reference gathers every row's keys and builds two masks, about twenty launches a draft step.
+"""The NextN (MTP) drafter's attention over each request's window ring and the rows of its own call, in one launch: its torch reference gathers every row's keys, builds two masks and scatters the new rows, over fifty launches a step.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_mtp.html.md"""
 
