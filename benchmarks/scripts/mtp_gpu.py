@@ -1,7 +1,8 @@
 """MTP on the GPU (chapters 23-24): greedy tokens with graphs (fused rounds: verify, accept and draft in one replay,
 launched ahead) equal the eager engine's (the embedded model's MTP layer, K = 1 and 3, bf16, four held-out prompts);
-then the bench's decode runs for no-spec, MTP at K = 1, 2 and 3, and DSpark at 1, 16 and 64 requests (128 tokens after
-128-token prompts; the held-out pool is wrapped to 64 as the bench does). One run.
+then the bench's decode runs for no-spec, MTP at K = 1, 2 and 3, and DSpark at 1, 4, 16 and 64 requests (128 tokens after
+128-token prompts; the held-out pool is wrapped to 64 as the bench does), no drafting again last at each
+concurrency (`tok_s_repeat`: the run's A/A spread). One run.
 
     OUT=. python benchmarks/scripts/mtp_gpu.py            # H100/H200, about 3 minutes; $OUT/mtp_gpu.json
 """
@@ -29,7 +30,7 @@ for K in (1, 3):
     print(K, json.dumps(res[f"K{K}"]), flush=True)
     save()
 res["decode"] = []
-for c in (1, 16, 64):
+for c in (1, 4, 16, 64):
     for mode, k in ((None, None), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("dspark", None)):
         path = DEFAULT_MODEL / "mtp" if mode == "mtp" else DEFAULT_MODEL
         try: r = decode_run(path, prompts[:c], mode, k, 128, "cuda", "bfloat16")
@@ -37,4 +38,10 @@ for c in (1, 16, 64):
         res["decode"].append({key: v for key, v in r.items() if key != "token_ids"})
         print(json.dumps({key: r.get(key) for key in ("mode", "k", "concurrency", "tok_s", "decode_step_ms",
                                                       "mean_acceptance_length", "rounds_ahead_used", "error")}), flush=True)
+        save()
+    base = next(r for r in res["decode"] if r["concurrency"] == c and r["mode"] is None)
+    if "error" not in base:          # no-spec again after the others: its spread says whether the machine stayed quiet
+        again = decode_run(DEFAULT_MODEL, prompts[:c], None, None, 128, "cuda", "bfloat16")
+        base["tok_s_repeat"], base["decode_step_ms_repeat"] = again["tok_s"], again["decode_step_ms"]
+        print(json.dumps({"mode": None, "concurrency": c, "repeat_tok_s": again["tok_s"]}), flush=True)
         save()
