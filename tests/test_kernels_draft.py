@@ -277,3 +277,28 @@ def test_advance_kernel_equals_the_reference():
         want, _ = buf.packed.clone(), buf.packed.copy_(before)
         advance_layout_triton(buf.packed, buf.window_tables, buf.block_size, accepted.to(DEV), following.to(DEV), n)
         assert torch.equal(buf.packed, want) and not torch.equal(want, before)
+
+
+def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own():
+    """The masked greedy loop on `MaskedSteps` kept for a bucket of 4 rows (as `DraftGraphs` keeps them, over its
+    captured step's outputs) serving 2 requests, two rounds in a row: the drafts equal those of the loop on buffers of
+    its own, and each is the best token its mask allows after the draft before it."""
+    from dspark.kernels.draft import MaskedSteps, markov_masked_greedy_triton
+    from dspark.model.drafter import markov_logits
+    g = torch.Generator().manual_seed(3)
+    B, R, K, V, D, rank = 4, 2, 3, 300, 16, 8
+    U, h = torch.randn(B, K, V, generator=g).to(DEV), torch.randn(B, K, D, generator=g).to(DEV)
+    w1, w2 = (torch.randn(V, rank, generator=g).to(DEV) for _ in range(2))
+    anchors = torch.randint(0, V, (B,), generator=g).to(DEV)
+    steps = MaskedSteps(U, h, anchors, w1, w2, K)
+    for _ in range(2):
+        U.copy_(torch.randn(B, K, V, generator=g)); anchors.copy_(torch.randint(0, V, (B,), generator=g))
+        words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, (V + 31) // 32), generator=g, dtype=torch.int32).numpy() for _ in range(K)]
+        allowed = lambda k, last: words[k]
+        got = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed, None, steps)
+        want = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed)
+        assert torch.equal(got, want) and got.shape == (R, K)
+        for k in range(K):
+            ok = torch.from_numpy((words[k][:, :, None] >> torch.arange(32).numpy()) & 1).view(R, -1)[:, :V].bool().to(DEV)
+            lg = markov_logits(U[:R, k], anchors[:R] if k == 0 else got[:, k - 1], w1, w2).masked_fill(~ok, float("-inf"))
+            assert torch.equal(got[:, k], lg.argmax(-1))

@@ -3,6 +3,8 @@
 time, beside the same generate without a schema.
 
     OUT=dir python benchmarks/scripts/structured_profile.py     # CUDA; writes $OUT/structured_profile.txt
+    OUT=dir python benchmarks/scripts/structured_profile.py --v4 4   # V4-Flash-0731 width, 4 layers, dummy weights,
+        # simulated acceptance 3.34 (labelled), v4_flash_decode.py's schema: $OUT/structured_profile_v4.txt
 """
 import cProfile, io, os, pstats, sys, time
 from pathlib import Path
@@ -15,17 +17,30 @@ from dspark.model.checkpoint import DEFAULT_MODEL
 from dspark.sample.sampling import SamplingParams
 from dspark.tools.capacity_sweep import sweep_prompts
 
+import argparse
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--v4", type=int, default=0, help="layers of V4-Flash-0731 width (dummy weights); 0: the embedded model")
+ap.add_argument("--tokens", type=int, default=128)
+a = ap.parse_args()
 SCHEMA = __import__("ast").literal_eval(Path(__file__).with_name("structured_gpu.py").read_text().split("SCHEMA = ", 1)[1].split("\n\nap = ", 1)[0])
 cuda = torch.cuda.is_available()
-llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-                 max_num_seqs=4, max_model_len=512, kv_cache_memory_bytes=2**30, enable_prefix_caching=False)
-prompts = sweep_prompts(DEFAULT_MODEL, 1, 128)
+dev, dt = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+if a.v4:                                                        # real width: dummy weights, simulated acceptance
+    from v4_flash_decode import SCHEMA, overrides
+    llm = dspark.LLM("deepseek-v4-flash-0731", load_format="dummy", quantization="auto", hf_overrides=overrides("deepseek-v4-flash-0731", a.v4),
+                     device=dev, dtype=dt, speculative="dspark", simulate_acceptance=3.34, max_model_len=4096, max_num_seqs=4,
+                     max_num_batched_tokens=1024, gpu_memory_utilization=0.9, enable_prefix_caching=False)
+    prompts = [torch.randint(0, 4000, (32,), generator=torch.Generator().manual_seed(0)).tolist()]
+else:
+    llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", device=dev, dtype=dt,
+                     max_num_seqs=4, max_model_len=512, kv_cache_memory_bytes=2**30, enable_prefix_caching=False)
+    prompts = sweep_prompts(DEFAULT_MODEL, 1, 128)
 out = io.StringIO()
 drafter = llm.engine.runner.proposer.drafter
 kernel = drafter.masked_kernel                                  # the fast path's masked Markov kernel (None on a CPU)
 for schema, masked_kernel in ((False, kernel), (True, None), (True, kernel), (False, kernel)):
     drafter.masked_kernel = masked_kernel
-    sp = [SamplingParams(temperature=0.0, max_tokens=128, seed=0, structured_outputs={"json": SCHEMA} if schema else None)]
+    sp = [SamplingParams(temperature=0.0, max_tokens=a.tokens, seed=0, ignore_eos=bool(a.v4), structured_outputs={"json": SCHEMA} if schema else None)]
     llm.generate(prompts, sp, use_tqdm=False)                  # warm-up
     before = llm.spec_stats()
     prof = cProfile.Profile()
@@ -41,4 +56,4 @@ for schema, masked_kernel in ((False, kernel), (True, None), (True, kernel), (Fa
     s.sort_stats("cumulative").print_stats(40)
 text = out.getvalue()
 print(text[:3000])
-Path(os.environ.get("OUT", "/tmp"), "structured_profile.txt").write_text(text)
+Path(os.environ.get("OUT", "/tmp"), "structured_profile_v4.txt" if a.v4 else "structured_profile.txt").write_text(text)

@@ -22,8 +22,8 @@ from ..model.drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
 __all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'ROUND_CODE', 'markov_greedy_ref', 'draft_block_attention_ref', 'round_fp32',
-           'markov_chunk', 'markov_greedy_triton', 'markov_masked_greedy_triton', 'draft_block_attention',
-           'draft_kernels_check']
+           'markov_chunk', 'markov_greedy_triton', 'MaskedSteps', 'markov_masked_greedy_triton', 'masked_steps_check',
+           'draft_block_attention', 'draft_kernels_check']
 
 # %% ../../nbs/17_kernels_draft.ipynb #dc1eee2d
 @triton.jit
@@ -138,47 +138,111 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
                HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype], MASKED=False)
     return drafts, conf
 
+class MaskedSteps:
+    """The buffers of the masked greedy Markov loop (`markov_masked_greedy_triton`) over `U [R, γ, V]` and
+    `h [R, γ, D]`: each position's packed masks `[R, W]` and previous drafts `[R]` in, each split's best score and
+    token `[R, n, S]` out. `mapped` (a GPU): the four live in pinned host memory, which the kernel reads and writes in
+    place, so a position is one launch and no copy; `capture`: that launch is a CUDA graph a position, replayed in a
+    few microseconds where a Triton launch of this many arguments takes tens from Python (`U`, `h` and `anchors`
+    must then keep their storage: a captured draft step's outputs). Otherwise (the CPU, Triton's interpreter) they
+    are device tensors the host copies to and from."""
+    def __init__(self, U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                 n: int, mapped: bool = False, capture: bool = False):
+        if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
+        self.U, self.h, self.anchors = (t.contiguous() for t in (U, h, anchors))
+        self.w1, self.w2, self.n, self.mapped = w1.contiguous(), w2.contiguous(), n, mapped
+        R, _, V = U.shape
+        self.chunk = markov_chunk(R, V)
+        self.S, W = triton.cdiv(V, self.chunk), triton.cdiv(V, 32)
+        at = dict(pin_memory=True) if mapped else dict(device=U.device)
+        self.words = torch.zeros(R, W, dtype=torch.int32, **at)
+        self.prev = torch.zeros(R, dtype=torch.int64, **at)
+        self.vals = torch.empty(R, max(n, 1), self.S, dtype=torch.float32, **at)
+        self.idx = torch.zeros(R, max(n, 1), self.S, dtype=torch.int64, **at)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if capture:
+            for k in range(n):
+                self.launch(k)                          # compiled and run once before the capture
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g): self.launch(k)
+                self.graphs[k] = g
+
+    def launch(self, k: int) -> None:
+        "Position `k`'s launch on the buffers (its previous drafts: the anchors at `k = 0`, else `prev`)."
+        U, h, w2 = self.U, self.h, self.w2
+        R, _, V = U.shape
+        RANK, D = self.w1.shape[1], h.shape[-1]
+        BLOCK_R = triton.next_power_of_2(RANK)
+        launch(_markov_step_kernel, (R, self.S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1),
+               self.anchors if k == 0 else self.prev, self.w1, w2, self.w1, self.vals, self.idx, self.idx, self.vals,
+               self.words, self.words.stride(0), k, self.n, V, D, RANK, self.chunk, self.S,
+               BLOCK_V=max(16, min(128, 8192 // BLOCK_R)), BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(self.S),
+               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
+
+    def step(self, k: int, words, last: list[int] | None) -> list[int]:
+        """Position `k` for the first `len(words)` rows (the rest are padding, which allow nothing): their masks
+        (`[r, W]` int32, host array or tensor), the drafts `last` of position `k − 1` (None at `k = 0`). Returns their
+        drafts: each row's best split, the first of equal ones."""
+        r = len(words)
+        if self.mapped and isinstance(words, np.ndarray): np.copyto(self.words.numpy()[:r], words)
+        else: self.words[:r].copy_(torch.from_numpy(np.ascontiguousarray(words)) if isinstance(words, np.ndarray) else words)
+        self.words[r:] = 0
+        if last is not None:
+            if self.mapped: self.prev.numpy()[:r] = last
+            else: self.prev[:r].copy_(torch.tensor(last, dtype=torch.int64))
+            self.prev[r:] = 0
+        g = self.graphs.get(k)
+        if g is not None: g.replay()
+        else: self.launch(k)
+        cuda = self.U.is_cuda
+        if cuda: torch.cuda.current_stream(self.U.device).synchronize()   # the one wait of the position
+        vals, idx = self.vals[:r, k], self.idx[:r, k]
+        if not self.mapped: vals, idx = vals.cpu(), idx.cpu()
+        return idx.numpy()[np.arange(r), vals.numpy().argmax(1)].tolist()
+
 def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor,
-                                w2: torch.Tensor, n: int, allowed, forced=None) -> torch.Tensor:
+                                w2: torch.Tensor, n: int, allowed, forced=None, steps: MaskedSteps | None = None) -> torch.Tensor:
     """`markov_greedy_triton` from a masked view (structured outputs, chapter 02b): `allowed(k, last)` gives the
-    packed masks of position `k` (`[R, W]` int32 words on the device) once it has the drafts `last` of position
-    `k − 1` (a host list; None at `k = 0`), or None to stop; `forced()`, when given, then names the token every row
-    must take there (one-token masks) or None. One launch and one small device-to-host copy a position that is not
-    forced: the launch scores the masked vocabulary in splits from the previous drafts the host hands it, the host
-    picks each row's best split (the first of equal ones) and gives the grammar its draft; a forced position costs
-    the device nothing. Drafts `[R, m]` for the `m ≤ n` positions run."""
-    R, _, V = U.shape
-    RANK, D = w1.shape[1], h.shape[-1]
-    U, h, w1, w2, anchors = (t.contiguous() for t in (U, h, w1, w2, anchors))
-    if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
-    chunk = markov_chunk(R, V)
-    S, dev = triton.cdiv(V, chunk), U.device
-    vals = torch.empty(R, max(n, 1), S, dtype=torch.float32, device=dev)
-    idx = torch.empty(R, max(n, 1), S, dtype=torch.int64, device=dev)
-    BLOCK_R = triton.next_power_of_2(RANK)
-    cuda = dev.type == "cuda"                      # the partials come back through pinned memory, both in one wait
-    hv, hi = (torch.empty(R, S, dtype=t, pin_memory=cuda) for t in (torch.float32, torch.int64))
-    hp = torch.empty(R, dtype=torch.int64, pin_memory=cuda)                 # the previous drafts, to the device
-    last, out, rows = None, [], np.arange(R)
+    packed masks of position `k` (`[R, W]` int32 words, a host array or a tensor) once it has the drafts `last` of
+    position `k − 1` (a host list; None at `k = 0`), or None to stop; `forced()`, when given, then names the token
+    every row must take there (one-token masks) or None. One launch (`steps`: one graph replay) and one wait a
+    position that is not forced: the launch scores the masked vocabulary in splits from the previous drafts the host
+    hands it, the host picks each row's best split (the first of equal ones) and gives the grammar its draft; a
+    forced position costs the device nothing. `steps`: the loop's buffers and graphs for these `U`, `h` and
+    `anchors` (their first `R` rows here; the rest padding), else made for this call. Drafts `[R, m]` for the
+    `m ≤ n` positions run."""
+    R = U.shape[0]
+    steps = steps or MaskedSteps(U, h, anchors, w1, w2, n)
+    last, out = None, []
     for k in range(n):
         words = allowed(k, last)
         if words is None: break
         if forced is not None and (f := forced()) is not None:
             last = f; out.append(f); continue
-        if last is None: prev = anchors
-        else:
-            hp.numpy()[:] = last
-            prev = hp.to(dev, non_blocking=cuda)
-        launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), prev, w1, w2,
-               w1, vals, idx, idx, vals, words, words.stride(0), k, n, V, D, RANK, chunk, S,
-               BLOCK_V=max(16, min(128, 8192 // BLOCK_R)), BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(S),
-               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
-        hv.copy_(vals[:, k], non_blocking=cuda); hi.copy_(idx[:, k], non_blocking=cuda)
-        if cuda: torch.cuda.current_stream(dev).synchronize()   # the one wait of the position
-        last = hi.numpy()[rows, hv.numpy().argmax(1)].tolist()  # each row's best split (the first of equal ones)
+        last = steps.step(k, words[:R], last)
         out.append(last)
     m = len(out)
-    return torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(dev)
+    return torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(U.device)
+
+def masked_steps_check(R: int, K: int, V: int, D: int, w1: torch.Tensor, w2: torch.Tensor) -> str | None:
+    """Whether `MaskedSteps` mapped into host memory and captured as graphs draft what plain ones draft on this device
+    (random logits, hidden states and masks, `R` rows, `K` positions, the drafter's Markov head `w1`/`w2`); else why not
+    (a compile, launch, capture or mapping error, or other drafts)."""
+    try:
+        gen, dev = torch.Generator().manual_seed(0), w2.device
+        U = torch.randn(R, K, V, generator=gen).to(dev, w2.dtype)
+        h, anchors = torch.randn(R, K, D, generator=gen).to(dev, w2.dtype), torch.randint(0, V, (R,), generator=gen).to(dev)
+        words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).numpy()
+                 for _ in range(K)]
+        def drafts(steps: MaskedSteps) -> list:
+            out, last = [], None
+            for k in range(K): last = steps.step(k, words[k], last); out.append(last)
+            return out
+        want, got = drafts(MaskedSteps(U, h, anchors, w1, w2, K)), drafts(MaskedSteps(U, h, anchors, w1, w2, K, True, True))
+        return None if got == want else f"mapped, captured masked steps draft {got}, plain ones {want}"
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
 
 markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
 

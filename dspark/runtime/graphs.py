@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from ..kernels.draft import draft_block_attention, draft_kernels_check, markov_greedy_triton, markov_masked_greedy_triton
+from ..kernels.draft import (MaskedSteps, draft_block_attention, draft_kernels_check, markov_greedy_triton,
+                             markov_masked_greedy_triton, masked_steps_check)
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
 from ..kernels.fp8 import fp8_grouped_linear, fp8_linear, fp8_linear_check
 from ..kernels.fp4_grouped import fp4_moe_check, fp4_moe_layer
@@ -283,9 +284,22 @@ class DraftGraphs:
         greedy = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
         sampled = self._sampled if reduction_on("graph_draft_q") else self._sampled_plain
         self.graphs, self.sampled_graphs = self._capture(greedy), {f: self._capture(sampled(f)) for f in (False, True)}
-        hidden = lambda n: proposer.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
-        self.masked = masked
-        self.hidden_graphs = self._capture(hidden) if masked else None
+        self.masked, self.steps = masked, {}
+        self.hidden_graphs = self._capture(self._hidden) if masked else None
+        d = proposer.drafter
+        if masked and capture and d.masked_kernel is not None:   # the masked loop's buffers and graphs, by bucket
+            w1, w2 = d.last.markov_head.markov_w1.weight, d.last.markov_head.markov_w2.weight
+            why = masked_steps_check(2, self.K, d.cfg.vocab_size, d.cfg.hidden_size, w1, w2)
+            try:
+                if why is None: self.steps = {n: MaskedSteps(U, h, self.anchors[:n], w1, w2, self.K, mapped=True, capture=True)
+                                              for n, (g, (h, _, U)) in self.hidden_graphs.items() if g is not None}
+            except Exception as e: why = f"{type(e).__name__}: {str(e)[:300]}"
+            if why is not None: log.warning("masked Markov steps stay launches on copies: %s", why)
+
+    def _hidden(self, n: int):
+        "The masked step's captured part: the block hidden states, whether each window is complete, and `U` in the head's dtype."
+        h, complete = self.pr.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
+        with torch.no_grad(): return h, complete, self.pr.drafter.base_logits(h, fp32=False)
 
     def _sampled(self, filtered: bool) -> Callable:
         "The sampled step of bucket `n`: `draft_rows`, which writes the distributions into the proposer's `q`."
@@ -346,15 +360,17 @@ class DraftGraphs:
         filtered = any(sp.top_k != -1 or sp.top_p < 1.0 for sp in params)
         return self._replay(self.sampled_graphs[filtered], len(slots), self._fill(slots, anchors, P, (params, seeds)))
 
-    def hidden(self, slots: list[int], anchors: list[int], P: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the step's part before its Markov loop (`masked` graphs): the block hidden states `[R, γ, D]` and
-        whether each context window is complete `[R]`, on the device, valid until the next replay."""
+    def hidden(self, slots: list[int], anchors: list[int], P: list[int]):
+        """Replay the step's part before its Markov loop (`masked` graphs): the block hidden states `[R, γ, D]`,
+        whether each context window is complete `[R]` and the base logits `U [R, γ, V]` in the head's dtype, on the
+        device, valid until the next replay; and the bucket's `MaskedSteps` (None: the loop makes its own)."""
         g, out = self.hidden_graphs[n := self._fill(slots, anchors, P, None)]
         if g is None: out = out(n)
         else: g.replay()
         self.replays += 1
-        h, complete = out
-        return h[:len(slots)], complete[:len(slots)]
+        h, complete, U = out
+        R = len(slots)
+        return h[:R], complete[:R], U[:R], self.steps.get(n)
 
     def launch(self, slots: list[int], anchors: list[int], P: list[int]) -> DraftStep:
         """Replay the greedy step and queue its outputs' copy to the host behind it, reading nothing: the host goes

@@ -221,10 +221,7 @@ class DraftWalk:
         for i, (m, ts) in enumerate(zip(self.ms, toks)):
             for t in ts:
                 if not (m.is_stopped() and t == grammars.eos) and not m.consume_token(t): self.n[i] = 0; break
-        # on a GPU the masks are written straight into pinned memory, which `packed` copies from without staging
-        self.pinned = torch.zeros(len(reqs), grammars.W, dtype=torch.int32, pin_memory=True) \
-            if device is not None and torch.device(device).type == "cuda" else None
-        self.words = self.pinned.numpy() if self.pinned is not None else np.zeros((len(reqs), grammars.W), dtype=np.int32)
+        self.words = np.zeros((len(reqs), grammars.W), dtype=np.int32)   # the position's masks, as llguidance writes them
         self.rows = [[] for _ in reqs]              # each request's masks, position by position
         self.took = [0] * len(reqs)                 # drafts each matcher has taken
         self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
@@ -234,14 +231,11 @@ class DraftWalk:
         live = self._walk(k, last)
         return unpack_masks(self.words, self.V, self.device) if live else None
 
-    def packed(self, k: int, last: list[int] | None) -> torch.Tensor | None:
-        """`walk(k, last)` with the masks left packed: llguidance's words `[R, W]` int32 on the device (the masked
-        Markov kernel reads the bits itself), or None once no request drafts further. On a GPU the copy leaves from
-        the walk's pinned words without waiting; the masked loop reads each computed draft back before the next
-        call, so only the copy of a forced position (never read) may meet the next position's words."""
-        if not self._walk(k, last): return None
-        if self.pinned is not None: return self.pinned.to(self.device, non_blocking=True)
-        return torch.from_numpy(self.words.copy())
+    def packed(self, k: int, last: list[int] | None) -> np.ndarray | None:
+        """`walk(k, last)` with the masks left packed, on the host: llguidance's words `[R, W]` int32, which the masked
+        Markov kernel's loop hands the kernel as they are (it reads the bits itself), or None once no request drafts
+        further. The walk's next call overwrites them."""
+        return self.words if self._walk(k, last) else None
 
     def _walk(self, k: int, last: list[int] | None) -> list[int]:
         "Take the drafts `last`, fill `self.words` with position `k`'s masks; the requests still drafting."
