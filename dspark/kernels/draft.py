@@ -14,6 +14,7 @@ import torch
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
+from ..timing import capture_graphs
 import triton
 import triton.language as tl
 
@@ -159,14 +160,7 @@ class MaskedSteps:
         self.prev = torch.zeros(R, dtype=torch.int64, **at)
         self.vals = torch.empty(R, max(n, 1), self.S, dtype=torch.float32, **at)
         self.idx = torch.zeros(R, max(n, 1), self.S, dtype=torch.int64, **at)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        if capture:
-            for k in range(n):
-                self.launch(k)                          # compiled and run once before the capture
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g): self.launch(k)
-                self.graphs[k] = g
+        self.graphs = {k: g for k, (g, _) in capture_graphs(self.launch, range(n)).items()} if capture else {}
 
     def launch(self, k: int) -> None:
         "Position `k`'s launch on the buffers (its previous drafts: the anchors at `k = 0`, else `prev`)."
