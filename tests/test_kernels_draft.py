@@ -281,8 +281,9 @@ def test_advance_kernel_equals_the_reference():
 
 def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own():
     """The masked greedy loop on `MaskedSteps` kept for a bucket of 4 rows (as `DraftGraphs` keeps them, over its
-    captured step's outputs) serving 2 requests, two rounds in a row: the drafts equal those of the loop on buffers of
-    its own, and each is the best token its mask allows after the draft before it."""
+    captured step's outputs, each round's logits copied into its `U`) serving 2 requests, two rounds in a row: the
+    drafts equal those of the loop on buffers of its own, and each is the best token its mask allows after the draft
+    before it."""
     from dspark.kernels.draft import MaskedSteps, markov_masked_greedy_triton
     from dspark.model.drafter import markov_logits
     g = torch.Generator().manual_seed(3)
@@ -290,9 +291,9 @@ def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own():
     U, h = torch.randn(B, K, V, generator=g).to(DEV), torch.randn(B, K, D, generator=g).to(DEV)
     w1, w2 = (torch.randn(V, rank, generator=g).to(DEV) for _ in range(2))
     anchors = torch.randint(0, V, (B,), generator=g).to(DEV)
-    steps = MaskedSteps(U, h, anchors, w1, w2, K)
+    steps = MaskedSteps(torch.empty_like(U), h, anchors, w1, w2, K)     # a round's U is copied into its own
     for _ in range(2):
-        U.copy_(torch.randn(B, K, V, generator=g)); anchors.copy_(torch.randint(0, V, (B,), generator=g))
+        U = torch.randn(B, K, V, generator=g).to(DEV); anchors.copy_(torch.randint(0, V, (B,), generator=g))
         words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, (V + 31) // 32), generator=g, dtype=torch.int32).numpy() for _ in range(K)]
         allowed = lambda k, last: words[k]
         got = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed, None, steps)

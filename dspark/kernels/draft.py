@@ -203,11 +203,12 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
     every row must take there (one-token masks) or None. One launch (`steps`: one graph replay) and one wait a
     position that is not forced: the launch scores the masked vocabulary in splits from the previous drafts the host
     hands it, the host picks each row's best split (the first of equal ones) and gives the grammar its draft; a
-    forced position costs the device nothing. `steps`: the loop's buffers and graphs for these `U`, `h` and
-    `anchors` (their first `R` rows here; the rest padding), else made for this call. Drafts `[R, m]` for the
-    `m ≤ n` positions run."""
+    forced position costs the device nothing. `steps`: the loop's buffers and graphs for `h` and `anchors` (their
+    first `R` rows here; the rest padding), into whose `U` this `U` is copied; else made for this call. Drafts
+    `[R, m]` for the `m ≤ n` positions run."""
     R = U.shape[0]
-    steps = steps or MaskedSteps(U, h, anchors, w1, w2, n)
+    if steps is None: steps = MaskedSteps(U, h, anchors, w1, w2, n)
+    elif steps.U.data_ptr() != U.data_ptr(): steps.U[:R].copy_(U)    # the round's logits into the captured buffer
     last, out = None, []
     for k in range(n):
         words = allowed(k, last)

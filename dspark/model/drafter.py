@@ -289,7 +289,7 @@ class DSparkDrafter(nn.Module):
     @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
                       allowed: Callable, greedy: bool = False, packed: Callable | None = None,
-                      forced: Callable | None = None, U: torch.Tensor | None = None, steps=None):
+                      forced: Callable | None = None, steps=None):
         """`propose_rows`' Markov loop from a masked view, over block hidden states `h [R, γ, D]` (`block_hidden`, or
         its captured step): `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool on the device,
         once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to stop. The mask
@@ -302,13 +302,13 @@ class DSparkDrafter(nn.Module):
         greedy rows take (one launch a position). `forced()`, asked after `allowed`: the token every row must take
         at that position (each mask allows one token), or None; such a position runs nothing on the device, since
         the masked distribution is one-hot on that token whatever the logits (`skip_forced` off: computed anyway).
-        `U`: `base_logits(h, fp32=False)` when the captured step made them; `steps`: the masked kernel's buffers and
-        graphs for them (`kernels.draft.MaskedSteps`), else the kernel makes its own."""
+        `steps`: the masked kernel's buffers and graphs for this batch (`kernels.draft.MaskedSteps`), else the kernel
+        makes its own."""
         forced = forced if self.skip_forced else None
         if greedy and packed is not None and fast_kernel_ok(self.masked_kernel):
             mh = self.last.markov_head
-            U = self.base_logits(h, fp32=False) if U is None else U
-            drafts = self.masked_kernel(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, n, packed, forced, steps)
+            drafts = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
+                                        mh.markov_w2.weight, n, packed, forced, steps)
             m = drafts.shape[1]                                # each draft's previous token: the anchor, then drafts
             return drafts, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], drafts], 1)[:, :m])
         U, mh, prev, qs, last = self.base_logits(h), self.last.markov_head, [anchors], [], None

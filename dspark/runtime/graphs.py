@@ -43,8 +43,8 @@ from ..model.weights import FP8Linear
 log = logging.getLogger("dspark")
 
 # %% auto #0
-__all__ = ['log', 'bucket_sizes', 'ragged_bucket_sizes', 'stored_kernels', 'fast_path', 'Rows', 'GraphRunner', 'DraftGraphs',
-           'DraftStep']
+__all__ = ['log', 'MASKED_STEP_ROWS', 'bucket_sizes', 'ragged_bucket_sizes', 'stored_kernels', 'fast_path', 'Rows', 'GraphRunner',
+           'DraftGraphs', 'DraftStep']
 
 # %% ../../nbs/22_cuda_graphs.ipynb #5ce9597a
 def bucket_sizes(max_tokens: int) -> list[int]:
@@ -261,6 +261,8 @@ class GraphRunner:
         return Rows(out.logits[:N], bounds)
 
 # %% ../../nbs/22_cuda_graphs.ipynb #6112f064
+MASKED_STEP_ROWS = 16   # the largest request bucket whose masked greedy loop gets captured `MaskedSteps`
+
 class DraftGraphs:
     """CUDA graphs of the DSpark draft step for the block size's drafts, one per request-count bucket: the greedy
     step (`DSparkProposer.draft_tensors`), and the sampled step (`draft_rows`) with and without top-k/top-p,
@@ -284,22 +286,28 @@ class DraftGraphs:
         greedy = lambda n: proposer.draft_tensors(self.slots[:n], self.anchors[:n], self.P[:n], self.K)
         sampled = self._sampled if reduction_on("graph_draft_q") else self._sampled_plain
         self.graphs, self.sampled_graphs = self._capture(greedy), {f: self._capture(sampled(f)) for f in (False, True)}
+        hidden = lambda n: proposer.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
         self.masked, self.steps = masked, {}
-        self.hidden_graphs = self._capture(self._hidden) if masked else None
-        d = proposer.drafter
-        if masked and capture and d.masked_kernel is not None:   # the masked loop's buffers and graphs, by bucket
-            w1, w2 = d.last.markov_head.markov_w1.weight, d.last.markov_head.markov_w2.weight
-            why = masked_steps_check(2, self.K, d.cfg.vocab_size, d.cfg.hidden_size, w1, w2)
-            try:
-                if why is None: self.steps = {n: MaskedSteps(U, h, self.anchors[:n], w1, w2, self.K, mapped=True, capture=True)
-                                              for n, (g, (h, _, U)) in self.hidden_graphs.items() if g is not None}
-            except Exception as e: why = f"{type(e).__name__}: {str(e)[:300]}"
-            if why is not None: log.warning("masked Markov steps stay launches on copies: %s", why)
+        self.hidden_graphs = self._capture(hidden) if masked else None
+        if masked and capture and proposer.drafter.masked_kernel is not None: self._masked_steps()
 
-    def _hidden(self, n: int):
-        "The masked step's captured part: the block hidden states, whether each window is complete, and `U` in the head's dtype."
-        h, complete = self.pr.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
-        with torch.no_grad(): return h, complete, self.pr.drafter.base_logits(h, fp32=False)
+    def _masked_steps(self) -> None:
+        """The masked greedy loop's buffers and graphs (`MaskedSteps`) for the buckets of up to `MASKED_STEP_ROWS`
+        requests, over the hidden step's captured outputs and one static `U` they share (a round's base logits are
+        copied in: 21 MB at V4-Flash width and 16 rows), once `masked_steps_check` agrees on this device."""
+        d = self.pr.drafter
+        w1, w2 = d.last.markov_head.markov_w1.weight, d.last.markov_head.markov_w2.weight
+        why = masked_steps_check(2, self.K, d.cfg.vocab_size, d.cfg.hidden_size, w1, w2)
+        try:
+            if why is None:
+                sizes = [n for n in self.sizes if n <= MASKED_STEP_ROWS and self.hidden_graphs[n][0] is not None]
+                h = self.hidden_graphs[sizes[-1]][1][0]
+                with torch.no_grad(): U = d.base_logits(h[:1], fp32=False)
+                U = U.new_empty(sizes[-1], *U.shape[1:])
+                self.steps = {n: MaskedSteps(U[:n], self.hidden_graphs[n][1][0], self.anchors[:n], w1, w2, self.K,
+                                             mapped=True, capture=True) for n in sizes}
+        except Exception as e: why = f"{type(e).__name__}: {str(e)[:300]}"
+        if why is not None: log.warning("masked Markov steps stay launches on copies: %s", why)
 
     def _sampled(self, filtered: bool) -> Callable:
         "The sampled step of bucket `n`: `draft_rows`, which writes the distributions into the proposer's `q`."
@@ -361,16 +369,15 @@ class DraftGraphs:
         return self._replay(self.sampled_graphs[filtered], len(slots), self._fill(slots, anchors, P, (params, seeds)))
 
     def hidden(self, slots: list[int], anchors: list[int], P: list[int]):
-        """Replay the step's part before its Markov loop (`masked` graphs): the block hidden states `[R, γ, D]`,
-        whether each context window is complete `[R]` and the base logits `U [R, γ, V]` in the head's dtype, on the
-        device, valid until the next replay; and the bucket's `MaskedSteps` (None: the loop makes its own)."""
+        """Replay the step's part before its Markov loop (`masked` graphs): the block hidden states `[R, γ, D]` and
+        whether each context window is complete `[R]`, on the device, valid until the next replay; and the bucket's
+        `MaskedSteps` (None: the loop makes its own)."""
         g, out = self.hidden_graphs[n := self._fill(slots, anchors, P, None)]
         if g is None: out = out(n)
         else: g.replay()
         self.replays += 1
-        h, complete, U = out
-        R = len(slots)
-        return h[:R], complete[:R], U[:R], self.steps.get(n)
+        h, complete = out
+        return h[:len(slots)], complete[:len(slots)], self.steps.get(n)
 
     def launch(self, slots: list[int], anchors: list[int], P: list[int]) -> DraftStep:
         """Replay the greedy step and queue its outputs' copy to the host behind it, reading nothing: the host goes

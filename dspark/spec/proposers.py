@@ -254,15 +254,15 @@ class DSparkProposer(Proposer):
         dev = self.ctx.pos.device
         t = lambda v: on_device(v, torch.long, dev)
         s, p, a = t(slots), t(P), t(anchors)
-        U = steps = None
+        steps = None
         if self.graphs is not None and self.graphs.masked and self.graphs.fits(len(slots), max(n)):
-            h, complete, U, steps = self.graphs.hidden(slots, anchors, P)
+            h, complete, steps = self.graphs.hidden(slots, anchors, P)
         else:
             valid, complete = self._window(s, p)
             h = self.drafter.block_hidden(a, p, self.ctx.rows, valid, s)
         greedy = all(sp.greedy for sp in params)                    # no q to keep: greedy rows verify by the argmax
         drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk, greedy,
-                                                     walk.packed, walk.forced, U, steps)
+                                                     walk.packed, walk.forced, steps)
         if q is not None: self._keep_q(s, q)
         conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
         drafts = drafts.tolist()
