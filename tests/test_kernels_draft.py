@@ -2,6 +2,7 @@
 against the drafter without. On a machine without CUDA they run under Triton's interpreter at small shapes."""
 import os
 
+import numpy as np
 import torch
 
 if not torch.cuda.is_available(): os.environ["TRITON_INTERPRET"] = "1"
@@ -294,12 +295,13 @@ def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own():
     steps = MaskedSteps(torch.empty_like(U), h, anchors, w1, w2, K)     # a round's U is copied into its own
     for _ in range(2):
         U = torch.randn(B, K, V, generator=g).to(DEV); anchors.copy_(torch.randint(0, V, (B,), generator=g))
-        words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, (V + 31) // 32), generator=g, dtype=torch.int32).numpy() for _ in range(K)]
+        words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, (V + 31) // 32 + 2), generator=g, dtype=torch.int32).numpy()
+                 for _ in range(K)]                     # two words more: a tokenizer larger than the model's vocabulary
         allowed = lambda k, last: words[k]
         got = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed, None, steps)
         want = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed)
         assert torch.equal(got, want) and got.shape == (R, K)
         for k in range(K):
-            ok = torch.from_numpy((words[k][:, :, None] >> torch.arange(32).numpy()) & 1).view(R, -1)[:, :V].bool().to(DEV)
+            ok = torch.from_numpy((words[k][:, :, None] >> np.arange(32)) & 1).reshape(R, -1)[:, :V].bool().to(DEV)
             lg = markov_logits(U[:R, k], anchors[:R] if k == 0 else got[:, k - 1], w1, w2).masked_fill(~ok, float("-inf"))
             assert torch.equal(got[:, k], lg.argmax(-1))

@@ -178,7 +178,7 @@ class MaskedSteps:
         """Position `k` for the first `len(words)` rows (the rest are padding, which allow nothing): their masks
         (`[r, W]` int32, host array or tensor), the drafts `last` of position `k − 1` (None at `k = 0`). Returns their
         drafts: each row's best split, the first of equal ones."""
-        r = len(words)
+        r, words = len(words), words[:, :self.words.shape[1]]   # the grammar's words may cover a larger tokenizer
         if self.mapped and isinstance(words, np.ndarray): np.copyto(self.words.numpy()[:r], words)
         else: self.words[:r].copy_(torch.from_numpy(np.ascontiguousarray(words)) if isinstance(words, np.ndarray) else words)
         self.words[r:] = 0
