@@ -11,6 +11,7 @@ import functools
 import itertools
 import logging
 import math
+import os
 from collections.abc import Sequence
 from typing import Callable
 
@@ -289,7 +290,9 @@ class DraftGraphs:
         hidden = lambda n: proposer.draft_hidden(self.slots[:n], self.anchors[:n], self.P[:n])
         self.masked, self.steps = masked, {}
         self.hidden_graphs = self._capture(hidden) if masked else None
-        if masked and capture and proposer.drafter.masked_kernel is not None: self._masked_steps()
+        if masked and capture and proposer.drafter.masked_kernel is not None \
+                and os.environ.get("DSPARK_MASKED_STEPS", "1") != "0":   # 0: the loop on copies, for A/B runs
+            self._masked_steps()
 
     def _masked_steps(self) -> None:
         """The masked greedy loop's buffers and graphs (`MaskedSteps`) for the buckets of up to `MASKED_STEP_ROWS`
