@@ -230,12 +230,10 @@ def masked_steps_check(R: int, K: int, V: int, D: int, w1: torch.Tensor, w2: tor
         h, anchors = torch.randn(R, K, D, generator=gen).to(dev, w2.dtype), torch.randint(0, V, (R,), generator=gen).to(dev)
         words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).numpy()
                  for _ in range(K)]
-        def drafts(steps: MaskedSteps) -> list:
-            out, last = [], None
-            for k in range(K): last = steps.step(k, words[k], last); out.append(last)
-            return out
-        want, got = drafts(MaskedSteps(U, h, anchors, w1, w2, K)), drafts(MaskedSteps(U, h, anchors, w1, w2, K, True, True))
-        return None if got == want else f"mapped, captured masked steps draft {got}, plain ones {want}"
+        drafts = lambda steps: markov_masked_greedy_triton(U, h, anchors, w1, w2, K, lambda k, last: words[k], None, steps)
+        want, got = drafts(None), drafts(MaskedSteps(U, h, anchors, w1, w2, K, mapped=True, capture=True))
+        if torch.equal(got, want): return None
+        return f"mapped, captured masked steps draft {got.tolist()}, plain ones {want.tolist()}"
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:300]}"
 
