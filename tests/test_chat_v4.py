@@ -203,6 +203,11 @@ def test_server_accepts_tools_and_template_kwargs(servers):
         assert forced.choices[0].message.tool_calls[0].function.name == TINY["function"]["name"]
         bad = httpx.post(s.url + "/v1/chat/completions", json={"messages": msgs, "chat_template_kwargs": {"bogus": 1}})
         assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"]
+        fn = lambda **f: {"type": "function", "function": f}
+        for tools, says in (([fn(name='say "hi"')], "pattern"), ([fn(name="f", parameters={"type": "nonsense"})], "object schema"),
+                            ([fn(name="f"), fn(name="f")], "duplicate"), ([fn(name="f", parameters={"properties": {"a": 1}})], "schemas")):
+            bad = httpx.post(s.url + "/v1/chat/completions", json={"messages": msgs, "tools": tools, "tool_choice": "required"})
+            assert bad.status_code == 400 and says in bad.json()["error"]["message"], bad.text
     jinja, v4 = servers
     r = httpx.post(v4.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
                                                           "temperature": 0}, timeout=120).json()

@@ -104,10 +104,26 @@ class ChatMessage(_Strict):
     reasoning_content: str | None = None              # assistant turns' thinking, as vLLM returns it
 
 class FunctionDef(_Strict):
-    name: str
+    """A tool's function. Its name goes into the prompt and into the tool-call grammar inside quotes, so it keeps to
+    OpenAI's character set (plus `.` and `:`, which MCP tool names use); its parameters are an object schema, as
+    OpenAI requires, whose properties are schemas themselves (checked here: llguidance checks each one's contents
+    when a grammar forces the call)."""
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _object_schema(self):
+        p = self.parameters
+        if p is None: return self
+        if p.get("type", "object") != "object":
+            raise ValueError(f"parameters of {self.name!r} must be an object schema (type 'object'), got type {p['type']!r}")
+        props = p.get("properties", {})
+        if not isinstance(props, dict) or not all(isinstance(v, (dict, bool)) for v in props.values()):
+            raise ValueError(f"parameters.properties of {self.name!r} must map names to schemas")
+        if not isinstance(p.get("required", []), list): raise ValueError(f"parameters.required of {self.name!r} must be a list")
+        return self
 
 class Tool(_Strict):
     type: Literal["function"]
@@ -129,6 +145,13 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: str | None = None
     add_generation_prompt: bool = True                # vLLM's: False leaves the assistant's opening off the prompt
     NEUTRAL: ClassVar[dict] = {"add_special_tokens": False, "echo": False, "continue_final_message": False}
+
+    @model_validator(mode="after")
+    def _unique_tools(self):
+        "Two tools of one name could not be told apart in a call, nor forced by name."
+        names = [t.function.name for t in self.tools or []]
+        if dup := sorted({n for n in names if names.count(n) > 1}): raise ValueError(f"tools: duplicate function names {dup}")
+        return self
 
 class TokenizeRequest(_Strict):
     model: str | None = None
