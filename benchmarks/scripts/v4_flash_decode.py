@@ -99,8 +99,13 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
         llm.generate(prompts, sp(k, js), use_tqdm=False)
         torch.cuda.synchronize(); return time.perf_counter() - t
 
-    for c, P, js in [(c, P, js) for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]:
-        key = (f"C{c}" if P == 32 else f"C{c}_prompt{P}") + ("_schema" if js else "")
+    cases = [(c, P, js, "") for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]
+    if a.schema and spec and a.ab_masked_steps:                   # the same engine, its masked loop back on copies
+        cases += [(c, P, True, "_copies") for P in a.prompt_len for c in a.concurrency]
+    for c, P, js, tail in cases:
+        if tail == "_copies" and getattr(dg := llm.engine.runner.proposer.graphs, "steps", None):
+            m["masked_steps_buckets"] = sorted(dg.steps); dg.steps = {}
+        key = (f"C{c}" if P == 32 else f"C{c}_prompt{P}") + ("_schema" if js else "") + tail
         try:
             prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(c)]
             timed(prompts, 4, js)                                  # warm-up: compile, first replays
@@ -188,6 +193,9 @@ if __name__ == "__main__":
                     help="decode rows after prompts of these lengths (the timed runs repeat the prompt: a prefix hit, so only decode differs)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[4096])
     ap.add_argument("--schema", action="store_true", help="each decode row also under a JSON schema (key suffix _schema)")
+    ap.add_argument("--ab-masked-steps", action="store_true",
+                    help="with --schema and a speculative mode: the schema rows again with the masked loop on copies "
+                         "(DraftGraphs' MaskedSteps dropped; key suffix _schema_copies), in the same process")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=4096, help="max_num_batched_tokens")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the card (H100/H200 SXM: 989)")
