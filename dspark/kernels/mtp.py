@@ -106,7 +106,7 @@ def mtp_ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, po
 def mtp_kernels_check(mtp, seed: int = 0, tol: float = 1e-4) -> str | None:
     """`mtp_ring_attention` against `mtp.ring_attention` once, at `mtp`'s shapes (heads, head dim, window, sinks) on
     its device, and with its ring write against `mtp.ring_write`: None when the outputs agree within `tol` (fp32 sums
-    in another order) and the rings exactly, else what differs (a compile or launch error on this device too: the
+    in another order) and the rings exactly (the scratch ring's positions), else what differs (a compile or launch error on this device too: the
     layer then keeps its torch path)."""
     cfg, dev = mtp.cfg, mtp.mtp[0].attn.attn_sink.device
     dt = mtp.target.embed.weight.dtype
@@ -143,6 +143,9 @@ def mtp_kernels_check(mtp, seed: int = 0, tol: float = 1e-4) -> str | None:
         return f"{type(e).__name__}: {str(e)[:300]}"
     err = float((want - got).abs().max())
     if err > tol: return f"MTP ring attention with its ring write differs from its reference by {err:.3g} (tolerance {tol})"
-    if not (torch.equal(rows, ref_rows) and torch.equal(args[3], ref_pos)):
-        return "MTP ring attention's ring write differs from mtp.ring_write"
+    # the scratch ring's rows are compared by position only: both padding rows write its place 0, and which write
+    # lands last is the GPU's choice, in the kernel as in torch's scatter (never read: its positions stay -1)
+    bad = ((rows[:-1] != ref_rows[:-1]).any(-1) | (args[3][:-1] != ref_pos[:-1])).nonzero().tolist()
+    if bad or not torch.equal(args[3][-1], ref_pos[-1]):
+        return f"MTP ring attention's ring write differs from mtp.ring_write at (ring, place) {bad[:6]}"
     return None
