@@ -188,7 +188,8 @@ def main(a) -> None:
             if k not in which: m[k], m[f"{k}_reused"] = got[()][k], True
         for k in ("step_logits", "graph_logits", "drafts", "draft_q", "sizes", "draft_sizes"):
             m.setdefault(k, got[()].get(k))
-        print(f"  measured {settings[offs]}: {sorted(which)} in {time.perf_counter() - t1:.0f} s", flush=True)
+        print(f"  measured {settings[offs]}: {sorted(which)} in {time.perf_counter() - t1:.0f} s: step/graphs/draft bytes "
+              f"{[m[k] for k in ('step', 'graphs', 'draft')]}", flush=True)     # a run cut short still tells
     base = got[()]
     again = measure(llm, a, meter, (), set(AFFECTS))    # all-on once more, last: the A/A spread of the table
     rec["config"]["all_on_bytes"] = {k: [cold[k], base[k], again[k]] for k in ("step", "graphs", "draft")}
