@@ -35,6 +35,21 @@ def test_commit_comes_from_the_checkout(tmp_path):
     assert json.loads(p.read_text())["commit"] == head
 
 
+def test_a_tree_that_is_not_its_commit_is_flagged(tmp_path, monkeypatch):
+    import dspark.tools.records as records
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    run("init", "-q"); (tmp_path / "f").write_text("a")
+    run("add", "f"); run("-c", "user.email=x@y", "-c", "user.name=x", "commit", "-qm", "c")
+    assert records.tree_differs(tmp_path) is False
+    (tmp_path / "f").write_text("b")                  # what a device machine's stale .git sees
+    assert records.tree_differs(tmp_path) is True
+    monkeypatch.setattr(records, "tree_differs", lambda cwd=None: True)
+    rec = json.loads(write_record(tmp_path / "z.json", {}, None, None, machine={"gpu": "x"}).read_text())
+    assert rec["machine"] == {"gpu": "x", "tree_differs_from_commit": True}
+    rec = json.loads(write_record(tmp_path / "w.json", {}, None, None, machine={"gpu": "x"}, commit="a" * 40).read_text())
+    assert rec["machine"] == {"gpu": "x"}             # a commit given is the caller's word for what ran
+
+
 def test_split_raw():
     assert split_raw({"gpu": "H200", "torch": "2.11", "C": 64, "runs": [1]}) == \
         {"rows": [1], "config": {"C": 64}, "machine": {"gpu": "H200", "torch": "2.11"}}

@@ -18,7 +18,7 @@ FIELDS = ("commit", "date", "machine", "command", "config", "rows")
 
 # %% auto #0
 __all__ = ['RECORDS', 'FIELDS', 'MACHINE_KEYS', 'SETTINGS', 'package_dir', 'records_dirs', 'records_dir', 'load_record',
-           'git_commit', 'write_record', 'split_raw']
+           'git_commit', 'tree_differs', 'write_record', 'split_raw']
 
 # %% ../../nbs/35a_records.ipynb #b71be6be
 def _candidates(start: Path) -> list[Path]:
@@ -59,6 +59,16 @@ def git_commit(cwd: Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError): return None
     return r.stdout.strip() if r.returncode == 0 else None
 
+def tree_differs(cwd: Path | None = None) -> bool | None:
+    """Whether the tracked files of the checkout around `cwd` differ from its `HEAD` (None outside a checkout). A
+    device machine gets the working tree with a `.git` that may be older than it, so `HEAD` alone can name a commit
+    whose code did not run."""
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError): return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
 def write_record(name: str, rows, command: str | None, config: dict | None, machine: dict | None = None,
                  commit: str | None = None, folder: str | Path | None = None) -> Path:
     "Write a record in the schema of `FIELDS` and return its path."
@@ -67,7 +77,9 @@ def write_record(name: str, rows, command: str | None, config: dict | None, mach
         machine = this_machine()
     path = Path(name) if str(name).endswith(".json") else Path(folder or records_dir()) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    commit = commit or git_commit(package_dir()) or git_commit(Path.cwd())   # the checkout of the code measured
+    if commit is None:                                          # the checkout of the code measured; flagged when
+        commit = git_commit(package_dir()) or git_commit(Path.cwd())   # its files are not that commit's
+        if commit is not None and tree_differs(package_dir()): machine = {**machine, "tree_differs_from_commit": True}
     rec = {"commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine, "command": command, "config": config, "rows": rows}
     path.write_text(json.dumps(rec, indent=1) + "\n")
