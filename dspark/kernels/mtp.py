@@ -106,8 +106,8 @@ def mtp_ring_attention(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, po
 def mtp_kernels_check(mtp, seed: int = 0, tol: float = 1e-4) -> str | None:
     """`mtp_ring_attention` against `mtp.ring_attention` once, at `mtp`'s shapes (heads, head dim, window, sinks) on
     its device, and with its ring write against `mtp.ring_write`: None when the outputs agree within `tol` (fp32 sums
-    in another order) and the rings exactly (the scratch ring's positions), else what differs (a compile or launch error on this device too: the
-    layer then keeps its torch path)."""
+    in another order) and the rings exactly (the scratch ring by its positions), else what differs (a compile or
+    launch error on this device too: the layer then keeps its torch path)."""
     cfg, dev = mtp.cfg, mtp.mtp[0].attn.attn_sink.device
     dt = mtp.target.embed.weight.dtype
     g = torch.Generator(device="cpu").manual_seed(seed)
