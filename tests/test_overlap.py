@@ -394,3 +394,42 @@ def test_no_round_is_launched_ahead_for_a_processed_greedy_request(monkeypatch):
     sync = go(False)
     assert sync[0] != sync[1]                                # the penalty changes what greedy decoding picks
     assert go(True) == sync
+
+
+def test_constrained_and_simulated_verify_steps_launched_ahead_match_the_synchronous_steps(monkeypatch):
+    """Verify steps that no fused round runs, launched by the runner as soon as their drafts are on the host
+    (`VerifyAhead`): greedy requests under a JSON schema (drafted from the grammar-masked view) beside a plain one,
+    and plain requests under simulated acceptance. Each engine gives the synchronous engine's tokens, drafts and
+    acceptance counts, rooms shrinking at the end, and (greedy) a request arriving mid-run, which waits a step; the
+    steps launched ahead are taken, and the constrained rows' argmax is the grammar-masked one (the JSON parses).
+    Simulated acceptance draws from one stream in step order, so an arrival that waits a step changes its draws:
+    that run has none."""
+    import json
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.runtime.overlap import VerifyAhead
+    from dspark.tools.capacity_sweep import sweep_prompts
+    use_references(monkeypatch)
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"enum": ["red", "green"]}},
+              "required": ["id", "tag"], "additionalProperties": False}
+    prompts = [p[:n] for p, n in zip(sweep_prompts(DEFAULT_MODEL, 4, 40), (40, 23, 31, 12))]
+    def go(ahead: bool, params, simulate=None, late=3):
+        llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=3, max_num_seqs=4, max_model_len=128,
+                         kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, simulate_acceptance=simulate)
+        g = emulate_graphs(llm, 4)
+        if ahead:
+            llm.runner.verify_ahead, llm.scheduler.sc.lookahead = VerifyAhead(g, llm.max_model_len), 3 + 1
+            llm.runner.verify_ahead.admits = llm.scheduler.would_admit
+        outs, seen = spy_run(llm, prompts, params, late=late)
+        return [(o.token_ids, o.finish_reason, o.text) for o in outs], llm.runner.stats, seen, llm.runner.verify_ahead
+    js = lambda m: SamplingParams(temperature=0.0, max_tokens=m, structured_outputs={"json": schema})
+    params = [js(40), SamplingParams(temperature=0.0, max_tokens=19, ignore_eos=True), js(33)]
+    sync = go(False, params)
+    outs, stats, seen, ahead = go(True, params)
+    assert outs == sync[0] and stats == sync[1] and 0 < stats.num_accepted_tokens
+    for i in (0, 2, 3): json.loads(outs[i][2])                  # constrained: a complete document
+    assert ahead.used >= 4 and ahead.dropped <= 1
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 9, 25)]
+    sync = go(False, params, simulate=2.5, late=None)
+    outs, stats, seen, ahead = go(True, params, simulate=2.5, late=None)
+    assert outs == sync[0] and stats == sync[1] and seen == sync[2] and stats.simulated == 2.5
+    assert ahead.used >= 8 and ahead.dropped == 0

@@ -102,9 +102,14 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
     cases = [(c, P, js, "") for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]
     if a.schema and spec and a.ab_masked_steps:                   # the same engine, its masked loop back on copies
         cases += [(c, P, True, "_copies") for P in a.prompt_len for c in a.concurrency]
+    if spec and a.ab_verify_ahead:                                # the same engine, verify steps not launched ahead
+        cases += [(c, P, js, "_sync") for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]
     for c, P, js, tail in cases:
         if tail == "_copies" and getattr(dg := llm.engine.runner.proposer.graphs, "steps", None):
             m["masked_steps_buckets"] = sorted(dg.steps); dg.steps = {}
+        if tail == "_sync" and llm.engine.runner.verify_ahead is not None:
+            m["verify_ahead_used"] = llm.engine.runner.verify_ahead.used
+            llm.engine.runner.verify_ahead = None
         key = (f"C{c}" if P == 32 else f"C{c}_prompt{P}") + ("_schema" if js else "") + tail
         try:
             prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(c)]
@@ -196,6 +201,8 @@ if __name__ == "__main__":
     ap.add_argument("--ab-masked-steps", action="store_true",
                     help="with --schema and a speculative mode: the schema rows again with the masked loop on copies "
                          "(DraftGraphs' MaskedSteps dropped; key suffix _schema_copies), in the same process")
+    ap.add_argument("--ab-verify-ahead", action="store_true",
+                    help="the speculative rows again with the runner's VerifyAhead off (key suffix _sync)")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=4096, help="max_num_batched_tokens")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the card (H100/H200 SXM: 989)")

@@ -177,21 +177,21 @@ class EngineCore:
             self.runner.forward = self.graphs
             log.info(self.graphs.summary())
             if overlap_decode:                                   # chapter 25: the next step queued early
-                from dspark.runtime.overlap import DecodeAhead, RoundAhead
+                from dspark.runtime.overlap import DecodeAhead, RoundAhead, VerifyAhead
                 if proposer is None: self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len)
                 elif capacity is not None:                       # capacity control's depth 0 decodes plainly
                     self.runner.ahead = DecodeAhead(self.graphs, self.max_model_len, gate=self.runner._plain)
-                if proposer is not None and self.graphs.rounds is not None:
-                    self.runner.round_ahead = RoundAhead(self.graphs.rounds, self.max_model_len)
+                if proposer is not None:                         # rounds; and verify steps that are not rounds
+                    self.runner.verify_ahead = VerifyAhead(self.graphs, self.max_model_len)
+                    if self.graphs.rounds is not None: self.runner.round_ahead = RoundAhead(self.graphs.rounds, self.max_model_len)
         if capacity is not None:                                 # after the graphs: its SPS curve times their replays
             self.runner.capacity = CapacityController.build(capacity, self.runner, max_num_seqs)
         back = cfg.sliding_window if drafter else 0
-        ahead = self.runner.ahead is not None or self.runner.round_ahead is not None     # the next step's blocks too
+        aheads = [a for a in (self.runner.ahead, self.runner.round_ahead, self.runner.verify_ahead) if a is not None]
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, self.max_model_len,
-                                                   K + 1 if ahead else 0, ragged),   # mixed steps stay captured
-                                   KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))
-        for a in (self.runner.ahead, self.runner.round_ahead):   # chapter 25: nothing launched ahead that an
-            if a is not None: a.admits = self.scheduler.would_admit   # arrival would make the engine drop
+                                                   K + 1 if aheads else 0, ragged),   # the next step's blocks too;
+                                   KVCacheManager(cfg, cc, enable_prefix_caching, resume_back=back))   # mixed steps stay captured
+        for a in aheads: a.admits = self.scheduler.would_admit   # chapter 25: nothing launched ahead that an arrival would drop
         self.profile = profile_line(cfg, cc, self.max_model_len)
         if self.memory is not None:
             if self.graphs is not None: self.memory.graphs = self.graphs.graph_bytes   # target and draft graphs
@@ -362,7 +362,7 @@ class EngineCore:
 
     def _reset_runner(self) -> None:
         "After a failed part: nothing launched ahead or proposed by it survives (the next part starts clean)."
-        for a in (self.runner.ahead, self.runner.round_ahead):
+        for a in (self.runner.ahead, self.runner.round_ahead, self.runner.verify_ahead):
             if a is not None and a.pending is not None: a.drop()
         self.runner.proposed = {}
 

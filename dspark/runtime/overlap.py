@@ -7,16 +7,19 @@ Docs: https://dspark-dev.github.io/dspark/overlap.html.md"""
 # %% ../../nbs/25_overlap.ipynb #30014569
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .buffers import fill_layout
 from .graphs import GraphRunner
 from ..cache.kv_cache import SeqView
+from ..sample.structured import grammar_greedy, unpack_masks
 
 # %% auto #0
-__all__ = ['Launched', 'DecodeAhead', 'covered', 'RoundAhead']
+__all__ = ['Launched', 'DecodeAhead', 'covered', 'RoundAhead', 'VerifyAhead']
 
 # %% ../../nbs/25_overlap.ipynb #6196830b
 @dataclass
@@ -249,6 +252,94 @@ class RoundAhead:
         ids = torch.cat([fed.anchors, fed.device.reshape(-1)])[_to_device(src, fed.device)]
         self.pending = (Launched(rows, starts, None, None, None), self.rounds.launch(lens, seqs, ids), fed, spec)
         self.first += 1
+
+class VerifyAhead:
+    """Overlapped verify steps where no fused round runs: a greedy step with structured-outputs requests (their drafts
+    come from the grammar-masked loop, chapter 02b) or any greedy step under simulated acceptance (dummy-weight
+    benchmarks: the host decides acceptance). Once a step's drafts are on the host, the runner launches the next verify
+    forward on them, then its argmax on the device, each grammar-constrained row masked by what the draft walk left
+    (`Grammars.mask_words` with the step's uncommitted tokens), and queues the argmax's copy to the host. The engine's
+    commit, detokenising, streaming and scheduling then overlap the forward. Used only when the engine then schedules
+    exactly that step (`Launched.match`), so the tokens are the synchronous path's."""
+    def __init__(self, graphs: GraphRunner, max_model_len: int):
+        self.g, self.max_model_len = graphs, max_model_len
+        dev, N = graphs.buf.ids.device, graphs.max_tokens
+        cuda = dev.type == "cuda"
+        self.top = torch.zeros(N, dtype=torch.long, device=dev)
+        self.host = torch.zeros(N, dtype=torch.long, pin_memory=cuda)
+        self.event = torch.cuda.Event() if cuda else None
+        self.pending: tuple | None = None          # (Launched, the forward's features, whether it wrote the context)
+        self.used = self.dropped = 0
+        self.admits = None                         # `Scheduler.would_admit`, as `DecodeAhead.admits`
+
+    def drop(self) -> None:
+        "Forget a step the engine did not schedule (its writes, by position, are redone before anything reads them)."
+        if self.pending is not None: self.pending, self.dropped = None, self.dropped + 1
+
+    def launch(self, runner, batch: list, decided: dict) -> None:
+        """After `batch`'s step was decided and its proposals adopted as drafts: launch the next step of the requests
+        that do not finish on length, each its anchor (the last token the step commits) and its drafts, if every
+        request of the step is greedy with nothing but a grammar (`grammar_greedy`), some request is constrained or
+        acceptance is simulated, no capacity control may cut the drafts, every request's blocks already cover its
+        step, the graphs take it, no arrival is waiting, and every constrained request's masks are the walk's."""
+        g = self.g
+        if (self.pending is not None or runner.capacity is not None or grammar_greedy(batch) is None
+                or not (runner.simulated is not None or any(r.params.structured_outputs is not None for r, _ in batch))):
+            return
+        rows, starts, ids, words = [], [], [], []
+        for r, n in batch:
+            if r.request_id not in decided: return
+            k, a, toks, _ = decided[r.request_id]
+            if r.ends_on_length(len(toks), self.max_model_len): continue
+            P, t = r.num_computed + n - k + a, [toks[-1], *r.drafts]
+            if not covered(r, P + len(t), g.buf.block_size) or P + len(t) - 1 > g.max_pos: return
+            if r.params.structured_outputs is not None:
+                w = runner.grammars.mask_words(r, r.drafts, ahead=len(toks))
+                if w is None: return
+                words.append((sum(map(len, ids)), w))
+            rows.append(r); starts.append(P); ids.append(t)
+        if not rows or all(len(t) == 1 for t in ids) or (self.admits is not None and self.admits(len(rows))): return
+        seqs = [SeqView(r.window_table, r.table, r.slot, P, r.pooled_upto) for r, P in zip(rows, starts)]
+        lens = [len(t) for t in ids]
+        if g.graphs_for_lens(lens, seqs) is not g.graphs: return
+        pr, N = runner.proposer, sum(lens)
+        if pr is not None and pr.claim is not None:
+            for r in rows: pr.claim(r.slot, r.request_id)
+        feats: list[torch.Tensor] = []
+        chunks = list(_to_device([x for t in ids for x in t], self.top).split(lens))
+        flat = g(runner.model, runner.cache, chunks, seqs, pr.taps if pr else (), feats,
+                 feats if pr and pr.final else None).flat
+        top = self.top[:N]
+        torch.argmax(flat, -1, out=top)
+        if words:                                  # each constrained request's rows: the argmax of its masked rows
+            at = [o + j for o, w in words for j in range(len(w))]
+            allowed = unpack_masks(np.concatenate([w for _, w in words]), flat.shape[-1], flat.device)
+            idx = _to_device(at, self.top)
+            top[idx] = flat[idx].masked_fill(~allowed, float("-inf")).argmax(-1)
+        self.host[:N].copy_(top, non_blocking=self.event is not None)
+        if self.event is not None: self.event.record()
+        got = Launched(rows, starts, top, self.host, self.event, ids)
+        self.pending = (got, feats, g.wrote_context)
+
+    def take(self, batch: list, verify) -> tuple[dict, list, bool] | None:
+        """The step launched ahead for exactly this batch, verified by `verify(drafts, targets)` (greedy, or the
+        simulated rule): `ModelRunner`'s decisions, the forward's features in batch order, and whether it wrote
+        the drafter's context. None when the engine scheduled something else (the step is dropped)."""
+        if self.pending is None: return None
+        (got, feats, wrote), self.pending = self.pending, None
+        idx = got.match(batch)
+        if idx is None:
+            self.dropped += 1
+            return None
+        self.used += 1
+        if got.event is not None: got.event.synchronize()
+        top = got.host[:sum(map(len, got.ids))].tolist()
+        at = list(itertools.accumulate(map(len, got.ids), initial=0))
+        decided = {}
+        for j, (r, n) in zip(idx, batch):
+            k = n - 1
+            decided[r.request_id] = (k, *verify(r.drafts[:k], top[at[j]:at[j] + n]), None)
+        return decided, [] if wrote else [feats[j] for j in idx], wrote
 
 def _pick(fetch, idx: list[int]):
     "A round's draft fetch, reordered to a batch whose request i is the round's row `idx[i]`."

@@ -77,8 +77,9 @@ class SimulatedAcceptance:
     refusal — whatever the target said. The accepted tokens are the drafts, so the output is the drafter's text, not
     a correct decode. Draws come from one stream seeded with the engine's seed. A round that drafts fewer than `K`
     (no room left, capacity control) accepts proportionally less. With it on the runner verifies on its unfused
-    path: the engine captures no fused rounds (chapter 23) and launches none ahead (chapter 25), while the target's
-    verify forward (replayed from its graph where there is one) and the drafter run as always, so their costs are real."""
+    path: the engine captures no fused rounds (chapter 23), and launches each verify step ahead from the host
+    (chapter 25's `VerifyAhead`), while the target's verify forward (replayed from its graph where there is one) and
+    the drafter run as always, so their costs are real."""
     def __init__(self, a: float, K: int, seed: int = 0):
         if K < 1: raise ValueError("simulate_acceptance needs speculative decoding (speculative='dspark' or 'mtp'); it is off")
         self.a, self.K, self.p, self.rng = float(a), K, acceptance_probability(a, K), random.Random(seed)
@@ -113,6 +114,7 @@ class ModelRunner:
         self.deferred = None                           # a fused round whose drafts `settle` has not taken yet
         self.ahead = None                              # an overlap.DecodeAhead: greedy decode steps launched a step early
         self.round_ahead = None                        # an overlap.RoundAhead: fused rounds (DSpark, MTP) launched early
+        self.verify_ahead = None                       # an overlap.VerifyAhead: constrained or simulated verify steps
         self.draft_ahead = True                        # with round_ahead: first drafts read late, first round launched
                                                        # behind them (`_draft_ahead`; off only to measure it)
         self.proposed: dict[str, list[int]] = {}       # this round's proposals, until `_adopt` makes them the drafts
@@ -134,6 +136,11 @@ class ModelRunner:
         if self.round_ahead is not None and self.round_ahead.pending is not None:   # chapter 25: a round launched ahead
             rd = self.round_ahead.take(batch)   # before anything below: a pageable copy of the ids would wait for it
             if rd is not None: return self._finish(batch, *self._verify_round(self.forward.rounds, batch, None, None, rd))
+        if self.verify_ahead is not None and self.verify_ahead.pending is not None:   # chapter 25: launched by `_finish`
+            got = self.verify_ahead.take(batch, greedy_verify if self.simulated is None else self.simulated.accept)
+            if got is not None:
+                decided, feats, self.observed = got
+                return self._finish(batch, decided, feats)
         flat = [t for r, n in batch for t in r.span(r.num_computed, r.num_computed + n)]
         chunks = list(torch.tensor(flat, device=dev).split([n for _, n in batch]))    # one host-to-device copy
         seqs = [SeqView(r.window_table, r.table, r.slot, r.num_computed, r.pooled_upto) for r, n in batch]
@@ -259,6 +266,7 @@ class ModelRunner:
             reqs = [r for r, _ in batch if r.request_id in decided]
             if self.deferred is not None: self.deferred = (*self.deferred, reqs)
             else: self._adopt(reqs)
+            if self.verify_ahead is not None and self.deferred is None: self.verify_ahead.launch(self, batch, decided)
         return out
 
     def _adopt(self, reqs: list[Request]) -> None:
@@ -271,7 +279,7 @@ class ModelRunner:
 
     def launched_ahead(self) -> bool:
         "Whether a decode step or DSpark round was launched ahead of the engine's scheduling (chapter 25)."
-        return any(a is not None and a.pending is not None for a in (self.ahead, self.round_ahead))
+        return any(a is not None and a.pending is not None for a in (self.ahead, self.round_ahead, self.verify_ahead))
 
     def settle(self) -> None:
         """Take the drafts of the last fused round. The engine calls it before scheduling the next step: until then

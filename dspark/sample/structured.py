@@ -136,11 +136,14 @@ class Grammars:
         self.live[r.request_id] = (m, len(r.output_ids))
         return m
 
-    def mask_words(self, r, drafts: list[int]) -> np.ndarray:
-        "`masks` as llguidance's words `[len(drafts) + 1, W]`: the rows its last draft walk left when they fit."
+    def mask_words(self, r, drafts: list[int], ahead: int = 0) -> np.ndarray | None:
+        """`masks` as llguidance's words `[len(drafts) + 1, W]`: the rows its last draft walk left when they fit.
+        `ahead`: tokens the request's step commits that are not in its `output_ids` yet (a verify step launched
+        before the engine commits them, chapter 25): only the walk's rows can serve then, else None."""
         k, got = len(drafts), self.walked.get(r.request_id)
-        if got is not None and got[0] == len(r.output_ids) and len(got[2]) > k and got[1][:k] == list(drafts):
+        if got is not None and got[0] == len(r.output_ids) + ahead and len(got[2]) > k and got[1][:k] == list(drafts):
             return got[2][:k + 1]
+        if ahead: return None
         m = self._matcher(r)
         if k: m = m.deep_copy()                     # the drafts go to a copy (5 µs; rolling back past an eos misparses)
         words = np.zeros((k + 1, self.W), dtype=np.int32)
