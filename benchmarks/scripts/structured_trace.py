@@ -3,7 +3,7 @@
 CUDA activity over one generate each. Writes each Chrome trace (gzipped) and a summary: GPU busy time a round (the
 union of kernel intervals), and the GPU's idle gaps with the host calls that ran inside them.
 
-    OUT=dir python benchmarks/scripts/structured_trace.py [--layers 4] [--tokens 64] [--stack]
+    OUT=dir python benchmarks/scripts/structured_trace.py [--layers 4] [--tokens 64] [--concurrency 1 16] [--stack]
 """
 import argparse, gzip, json, os, sys, time
 from pathlib import Path
@@ -18,19 +18,21 @@ from v4_flash_decode import SCHEMA, overrides
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--layers", type=int, default=4)
 ap.add_argument("--tokens", type=int, default=64)
+ap.add_argument("--concurrency", type=int, nargs="+", default=[1])
 ap.add_argument("--stack", action="store_true", help="also a trace of the schema generate with Python stacks")
 a = ap.parse_args()
 out = Path(os.environ.get("OUT", "/tmp"))
 llm = dspark.LLM("deepseek-v4-flash-0731", load_format="dummy", quantization="auto",
                  hf_overrides=overrides("deepseek-v4-flash-0731", a.layers), device="cuda", dtype="bfloat16",
-                 speculative="dspark", simulate_acceptance=3.34, max_model_len=4096, max_num_seqs=4,
+                 speculative="dspark", simulate_acceptance=3.34, max_model_len=4096, max_num_seqs=max(a.concurrency),
                  max_num_batched_tokens=1024, gpu_memory_utilization=0.9, enable_prefix_caching=False)
-prompts = [torch.randint(0, 4000, (32,), generator=torch.Generator().manual_seed(0)).tolist()]
+gen = torch.Generator().manual_seed(0)
+every = [torch.randint(0, 4000, (32,), generator=gen).tolist() for _ in range(max(a.concurrency))]
 
 
-def params(schema: bool) -> list:
+def params(schema: bool, c: int) -> list:
     return [SamplingParams(temperature=0.0, max_tokens=a.tokens, seed=0, ignore_eos=True,
-                           structured_outputs={"json": SCHEMA} if schema else None)]
+                           structured_outputs={"json": SCHEMA} if schema else None) for _ in range(c)]
 
 
 def gaps(events: list[dict]) -> dict:
@@ -64,20 +66,21 @@ def gaps(events: list[dict]) -> dict:
 
 
 summary = {}
-for schema in (False, True):
-    llm.generate(prompts, params(schema), use_tqdm=False)          # warm-up: graphs, grammar compile
-    llm.generate(prompts, params(schema), use_tqdm=False)
-    for stack in ((False, True) if (schema and a.stack) else (False,)):
+for c, schema in [(c, js) for c in a.concurrency for js in (False, True)]:
+    prompts = every[:c]
+    llm.generate(prompts, params(schema, c), use_tqdm=False)       # warm-up: graphs, grammar compile
+    llm.generate(prompts, params(schema, c), use_tqdm=False)
+    for stack in ((False, True) if (schema and a.stack and c == 1) else (False,)):
         before = llm.spec_stats()
         torch.cuda.synchronize()
         act = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=act, with_stack=stack) as prof:
             t0 = time.perf_counter()
-            o = llm.generate(prompts, params(schema), use_tqdm=False)
+            o = llm.generate(prompts, params(schema, c), use_tqdm=False)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
         rounds = llm.spec_stats()["num_drafts"] - before["num_drafts"]
-        name = f"trace_schema{int(schema)}{'_stack' if stack else ''}"
+        name = f"trace_c{c}_schema{int(schema)}{'_stack' if stack else ''}"
         path = out / f"{name}.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
@@ -85,7 +88,7 @@ for schema in (False, True):
         path.unlink()
         g = gaps(events)
         summary[name] = {"wall_ms": round(wall * 1e3, 2), "tokens": len(o[0].outputs[0].token_ids), "rounds": rounds,
-                         "ms_per_round_profiled": round(wall * 1e3 / max(rounds, 1), 3), **g}
+                         "ms_per_round_profiled": round(wall * 1e3 / max(rounds / c, 1), 3), **g}
         print(name, {k: v for k, v in summary[name].items() if k != "top_gaps"}, flush=True)
         for t in g.get("top_gaps", [])[:12]: print("  ", t, flush=True)
 summary["gpu"] = torch.cuda.get_device_name()
