@@ -161,6 +161,8 @@ class MaskedSteps:
         self.vals = torch.empty(R, max(n, 1), self.S, dtype=torch.float32, **at)
         self.idx = torch.zeros(R, max(n, 1), self.S, dtype=torch.int64, **at)
         self.graphs = {k: g for k, (g, _) in capture_graphs(self.launch, range(n)).items()} if capture else {}
+        self.np = {k: getattr(self, k).numpy() for k in ("words", "prev", "vals", "idx")} if mapped else None   # once:
+                                                                    # a view a call cost microseconds a position
 
     def launch(self, k: int) -> None:
         "Position `k`'s launch on the buffers (its previous drafts: the anchors at `k = 0`, else `prev`)."
@@ -179,21 +181,23 @@ class MaskedSteps:
         (`[r, W]` int32, host array or tensor), the drafts `last` of position `k − 1` (None at `k = 0`). Returns their
         drafts: each row's best split, the first of equal ones."""
         r, words = len(words), words[:, :self.words.shape[1]]   # the grammar's words may cover a larger tokenizer
-        if self.mapped and isinstance(words, np.ndarray): np.copyto(self.words.numpy()[:r], words)
-        else: self.words[:r].copy_(torch.from_numpy(np.ascontiguousarray(words)) if isinstance(words, np.ndarray) else words)
-        self.words[r:] = 0
-        if last is not None:
-            if self.mapped: self.prev.numpy()[:r] = last
-            else: self.prev[:r].copy_(torch.tensor(last, dtype=torch.int64))
-            self.prev[r:] = 0
+        if self.np is not None and isinstance(words, np.ndarray):
+            h = self.np
+            h["words"][:r], h["words"][r:] = words, 0
+            if last is not None: h["prev"][:r], h["prev"][r:] = last, 0
+        else:
+            self.words[:r].copy_(torch.from_numpy(np.ascontiguousarray(words)) if isinstance(words, np.ndarray) else words)
+            self.words[r:] = 0
+            if last is not None:
+                self.prev[:r].copy_(torch.tensor(last, dtype=torch.int64))
+                self.prev[r:] = 0
         g = self.graphs.get(k)
         if g is not None: g.replay()
         else: self.launch(k)
-        cuda = self.U.is_cuda
-        if cuda: torch.cuda.current_stream(self.U.device).synchronize()   # the one wait of the position
-        vals, idx = self.vals[:r, k], self.idx[:r, k]
-        if not self.mapped: vals, idx = vals.cpu(), idx.cpu()
-        return idx.numpy()[np.arange(r), vals.numpy().argmax(1)].tolist()
+        if self.U.is_cuda: torch.cuda.current_stream(self.U.device).synchronize()   # the one wait of the position
+        if self.np is not None: vals, idx = self.np["vals"][:r, k], self.np["idx"][:r, k]
+        else: vals, idx = self.vals[:r, k].cpu().numpy(), self.idx[:r, k].cpu().numpy()
+        return idx[np.arange(r), vals.argmax(1)].tolist()
 
 def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor,
                                 w2: torch.Tensor, n: int, allowed, forced=None, steps: MaskedSteps | None = None) -> torch.Tensor:
@@ -205,7 +209,7 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
     hands it, the host picks each row's best split (the first of equal ones) and gives the grammar its draft; a
     forced position costs the device nothing. `steps`: the loop's buffers and graphs for `h` and `anchors` (their
     first `R` rows here; the rest padding), into whose `U` this `U` is copied; else made for this call. Drafts
-    `[R, m]` for the `m ≤ n` positions run."""
+    `[R, m]` for the `m ≤ n` positions run, on the host (the grammar has them there already)."""
     R = U.shape[0]
     if steps is None: steps = MaskedSteps(U, h, anchors, w1, w2, n)
     elif steps.U.data_ptr() != U.data_ptr(): steps.U[:R].copy_(U)    # the round's logits into the captured buffer
@@ -218,7 +222,7 @@ def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch
         last = steps.step(k, words[:R], last)
         out.append(last)
     m = len(out)
-    return torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous().to(U.device)
+    return torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous()   # on the host, where the grammar is
 
 def masked_steps_check(R: int, K: int, V: int, D: int, w1: torch.Tensor, w2: torch.Tensor) -> str | None:
     """Whether `MaskedSteps` mapped into host memory and captured as graphs draft what plain ones draft on this device

@@ -289,7 +289,7 @@ class DSparkDrafter(nn.Module):
     @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
                       allowed: Callable, greedy: bool = False, packed: Callable | None = None,
-                      forced: Callable | None = None, steps=None):
+                      forced: Callable | None = None, steps=None, conf: bool = True):
         """`propose_rows`' Markov loop from a masked view, over block hidden states `h [R, γ, D]` (`block_hidden`, or
         its captured step): `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool on the device,
         once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to stop. The mask
@@ -303,14 +303,16 @@ class DSparkDrafter(nn.Module):
         at that position (each mask allows one token), or None; such a position runs nothing on the device, since
         the masked distribution is one-hot on that token whatever the logits (`skip_forced` off: computed anyway).
         `steps`: the masked kernel's buffers and graphs for this batch (`kernels.draft.MaskedSteps`), else the kernel
-        makes its own."""
+        makes its own; its drafts stay on the host. `conf=False`: no confidence logits (None), for a proposer nobody
+        reads them from (no capacity control): eight launches and a copy fewer a round."""
         forced = forced if self.skip_forced else None
         if greedy and packed is not None and fast_kernel_ok(self.masked_kernel):
             mh = self.last.markov_head
             drafts = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
                                         mh.markov_w2.weight, n, packed, forced, steps)
-            m = drafts.shape[1]                                # each draft's previous token: the anchor, then drafts
-            return drafts, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], drafts], 1)[:, :m])
+            if not conf: return drafts, None, None
+            m, d = drafts.shape[1], drafts.to(anchors.device)   # each draft's previous token: the anchor, then drafts
+            return d, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], d], 1)[:, :m])
         U, mh, prev, qs, last = self.base_logits(h), self.last.markov_head, [anchors], [], None
         for k in range(min(n, self.block_size)):
             if isinstance(last, torch.Tensor): last = last.tolist()
@@ -329,8 +331,8 @@ class DSparkDrafter(nn.Module):
             last = prev[-1]                                    # read back only if another position follows
         m = len(prev) - 1
         q = None if greedy else torch.stack(qs, 1) if qs else U[:, :0]
-        if not m: return anchors[:, None][:, :0], q, U.new_zeros(len(anchors), 0)
-        return torch.stack(prev[1:], 1), q, self._confidence(h[:, :m], torch.stack(prev[:-1], 1))
+        if not m: return anchors[:, None][:, :0], q, U.new_zeros(len(anchors), 0) if conf else None
+        return torch.stack(prev[1:], 1), q, self._confidence(h[:, :m], torch.stack(prev[:-1], 1)) if conf else None
 
     @torch.no_grad()
     def propose_greedy(self, anchors: torch.Tensor, P: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,

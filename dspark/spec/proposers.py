@@ -251,20 +251,20 @@ class DSparkProposer(Proposer):
         there is one (`DraftGraphs.hidden`); the Markov loop runs eagerly, one device-to-host copy a position, since
         the grammar needs each draft on the host before it can mask the next. The masked distributions stay on the
         device for verification."""
-        dev = self.ctx.pos.device
-        t = lambda v: on_device(v, torch.long, dev)
-        s, p, a = t(slots), t(P), t(anchors)
+        dev, R, g = self.ctx.pos.device, len(slots), self.graphs
         steps = None
-        if self.graphs is not None and self.graphs.masked and self.graphs.fits(len(slots), max(n)):
-            h, complete, steps = self.graphs.hidden(slots, anchors, P)
+        if g is not None and g.masked and g.fits(R, max(n)):
+            h, complete, steps = g.hidden(slots, anchors, P)
+            s, p, a = g.slots[:R], g.P[:R], g.anchors[:R]           # laid out by the replay: no copies of their own
         else:
+            s, p, a = (on_device(v, torch.long, dev) for v in (slots, P, anchors))
             valid, complete = self._window(s, p)
             h = self.drafter.block_hidden(a, p, self.ctx.rows, valid, s)
         greedy = all(sp.greedy for sp in params)                    # no q to keep: greedy rows verify by the argmax
         drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk, greedy,
-                                                     walk.packed, walk.forced, steps)
+                                                     walk.packed, walk.forced, steps, conf=self.confidence is not None)
         if q is not None: self._keep_q(s, q)
-        conf = conf.tolist() if self.confidence is not None else [None] * len(rids)
+        conf = conf.tolist() if conf is not None else [None] * len(rids)
         drafts = drafts.tolist()
         walk.close(drafts)
         return self.collect(rids, walk.n, drafts, conf, complete.tolist())
