@@ -87,23 +87,6 @@ def _any_below(row: np.ndarray, V: int) -> bool:
     w, full = row.view(np.uint32), V // 32
     return bool(np.count_nonzero(w[:full]) or (V % 32 and int(w[full]) & ((1 << V % 32) - 1)))   # count: 2x any's speed
 
-def _any_below_rows(rows: np.ndarray, V: int) -> np.ndarray:
-    "`_any_below` of every row of `rows` `[R, W]`: bool `[R]`."
-    w, full = rows.view(np.uint32), V // 32
-    got = np.count_nonzero(w[:, :full], axis=1) > 0
-    if V % 32: got |= (w[:, full] & np.uint32((1 << V % 32) - 1)) != 0
-    return got
-
-def _only_tokens(rows: np.ndarray, R: int, live: list[int]) -> list[int] | None:
-    """The one token each mask of `rows` (the live requests' `[r, W]`) allows, placed at `live` in a list of `R`
-    (0 elsewhere), or None when any allows several: `_only_token` over all rows at once."""
-    if not (np.count_nonzero(rows, axis=1) == 1).all(): return None
-    out = [0] * R
-    for i, row in zip(live, rows):
-        if (t := _only_token(row)) is None: return None
-        out[i] = t
-    return out
-
 class Grammars:
     """The grammar state of every constrained request: one llguidance matcher per request, kept in step with its
     committed tokens (it catches up on the tokens committed since it last looked, so the scheduler stays the only
@@ -242,7 +225,7 @@ class DraftWalk:
             for t in ts:
                 if not (m.is_stopped() and t == grammars.eos) and not m.consume_token(t): self.n[i] = 0; break
         self.words = np.zeros((len(reqs), grammars.W), dtype=np.int32)   # the position's masks, as llguidance writes them
-        self.kept: list[tuple[int, np.ndarray]] = []   # each walked position and its masks `[R, W]`
+        self.rows = [[] for _ in reqs]              # each request's masks, position by position
         self.took = [0] * len(reqs)                 # drafts each matcher has taken
         self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
         self._forced: list[int] | None = None       # the last position's one-token masks (`forced`)
@@ -258,8 +241,7 @@ class DraftWalk:
         return self.words if self._walk(k, last) else None
 
     def _walk(self, k: int, last: list[int] | None) -> list[int]:
-        """Take the drafts `last`, fill `self.words` with position `k`'s masks; the requests still drafting. The
-        checks on the masks run over all rows at once (numpy a row cost ~10 µs a request a position at 16)."""
+        "Take the drafts `last`, fill `self.words` with position `k`'s masks; the requests still drafting."
         words, live = self.words, []
         words[:] = -1                                                        # every token, for rows that have ended
         for i, m in enumerate(self.ms):
@@ -270,13 +252,13 @@ class DraftWalk:
             if m.is_stopped(): self.n[i] = k; continue
             live.append(i)
         self.g.compute([self.ms[i] for i in live], words, live)
-        if live:
-            empty = ~_any_below_rows(words[live], self.V)
-            if empty.any():                                                  # nothing of this vocabulary: stop here
-                for j in np.flatnonzero(empty)[::-1]:
-                    i = live.pop(int(j)); self.n[i] = k; words[i] = -1
-        self.kept.append((k, words.copy()))                                  # position k's masks, for `close`
-        self._forced = _only_tokens(words[live], len(self.ms), live) if live else None
+        for i in list(live):
+            if _any_below(words[i], self.V): self.rows[i].append(words[i].copy())
+            else: self.n[i] = k; words[i] = -1; live.remove(i)               # nothing of this vocabulary: stop here
+        self._forced = [0] * len(self.ms) if live else None
+        for i in live:
+            if (t := _only_token(words[i])) is None: self._forced = None; break
+            self._forced[i] = t
         return live
 
     def forced(self) -> list[int] | None:
@@ -297,8 +279,6 @@ class DraftWalk:
             if m.is_stopped(): _eos_only(words[i], self.g.eos)
             else: need.append(i)
         self.g.compute([self.ms[i] for i in need], words, need)
-        at = {k: w for k, w in self.kept}
         for i, rid in enumerate(self.rids):
-            if self.ok[i]: self.g.walked[rid] = (self.start[i], list(drafts[i][:self.n[i]]),
-                                                 np.stack([at[k][i] for k in range(self.n[i])] + [words[i]]))
+            if self.ok[i]: self.g.walked[rid] = (self.start[i], list(drafts[i][:self.n[i]]), np.stack(self.rows[i][:self.n[i]] + [words[i]]))
             else: self.g.walked.pop(rid, None)
