@@ -280,11 +280,13 @@ def test_advance_kernel_equals_the_reference():
         assert torch.equal(buf.packed, want) and not torch.equal(want, before)
 
 
-def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own():
+@pytest.mark.parametrize("views", [False, True])
+def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own(views):
     """The masked greedy loop on `MaskedSteps` kept for a bucket of 4 rows (as `DraftGraphs` keeps them, over its
     captured step's outputs, each round's logits copied into its `U`) serving 2 requests, two rounds in a row: the
     drafts equal those of the loop on buffers of its own, and each is the best token its mask allows after the draft
-    before it."""
+    before it. `views`: the buffers written and read through numpy views made once, as the mapped (pinned) buffers
+    are on a GPU; here the CPU tensors' own memory stands in for the mapping."""
     from dspark.kernels.draft import MaskedSteps, markov_masked_greedy_triton
     from dspark.model.drafter import markov_logits
     g = torch.Generator().manual_seed(3)
@@ -293,13 +295,16 @@ def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own():
     w1, w2 = (torch.randn(V, rank, generator=g).to(DEV) for _ in range(2))
     anchors = torch.randint(0, V, (B,), generator=g).to(DEV)
     steps = MaskedSteps(torch.empty_like(U), h, anchors, w1, w2, K)     # a round's U is copied into its own
+    if views:
+        if DEV != "cpu": pytest.skip("numpy views of device buffers: the mapped path itself runs on the GPU")
+        steps.np = {k: getattr(steps, k).numpy() for k in ("words", "prev", "vals", "idx")}
     for _ in range(2):
         U = torch.randn(B, K, V, generator=g).to(DEV); anchors.copy_(torch.randint(0, V, (B,), generator=g))
         words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, (V + 31) // 32 + 2), generator=g, dtype=torch.int32).numpy()
                  for _ in range(K)]                     # two words more: a tokenizer larger than the model's vocabulary
         allowed = lambda k, last: words[k]
-        got = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed, None, steps)
-        want = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed)
+        got = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed, None, steps).to(DEV)
+        want = markov_masked_greedy_triton(U[:R], h[:R], anchors[:R], w1, w2, K, allowed).to(DEV)
         assert torch.equal(got, want) and got.shape == (R, K)
         for k in range(K):
             ok = torch.from_numpy((words[k][:, :, None] >> np.arange(32)) & 1).reshape(R, -1)[:, :V].bool().to(DEV)

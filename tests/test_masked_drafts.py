@@ -172,3 +172,26 @@ def test_forced_positions_run_nothing_and_change_nothing(llm, temperature):
     print(temperature, "Markov steps with and without skipping:", got[True][2], got[False][2])
     assert got[True][0] == got[False][0] and got[True][1] == got[False][1] and len(got[True][1]) > 0
     assert got[True][2] < got[False][2] // 2, (got[True][2], got[False][2])   # most JSON positions are forced
+
+
+def test_confidence_logits_only_when_capacity_control_reads_them(llm):
+    """The masked draft loop skips the confidence head when nothing reads it (`proposer.confidence` is None: no
+    capacity control) and gives one logit a draft when something does; the drafts and tokens are the same."""
+    pr = llm.engine.runner.proposer
+    d, seen = pr.drafter, []
+    masked = d.markov_masked
+    def spy(*a, **k):
+        out = masked(*a, **k)
+        seen.append((k.get("conf", True), out[0], out[2]))
+        return out
+    sp = [SamplingParams(temperature=t, max_tokens=16, seed=1, structured_outputs={"json": SCHEMA}) for t in (0.0, 1.0)]
+    d.markov_masked = spy
+    try:
+        off = [o.outputs[0].token_ids for o in llm.generate(["Data:", "{"], sp, use_tqdm=False)]
+        without, seen[:] = list(seen), []
+        pr.confidence = {}
+        on = [o.outputs[0].token_ids for o in llm.generate(["Data:", "{"], sp, use_tqdm=False)]
+    finally: d.markov_masked, pr.confidence = masked, None
+    assert on == off and without and seen
+    assert all(not flag and conf is None for flag, _, conf in without)
+    assert all(flag and conf is not None and conf.shape == drafts.shape and torch.isfinite(conf).all() for flag, drafts, conf in seen)
