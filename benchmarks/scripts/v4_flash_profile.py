@@ -25,10 +25,23 @@ from pathlib import Path
 import torch
 
 
+def by_kernel(run) -> dict:
+    "Device µs and launches by kernel name over `run()` (a generate), under torch.profiler."
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    by = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            by[e.name][1] += 1
+    return by
+
+
 def main(a) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import dspark
-    from torch.profiler import ProfilerActivity, profile
     llm = dspark.LLM(model="deepseek-v4-flash", load_format="dummy", quantization="auto",
                      hf_overrides={"num_hidden_layers": a.layers}, device="cuda", dtype="bfloat16", enforce_eager=not a.graphs,
                      max_model_len=max(4096, a.prefill + 64), max_num_seqs=4, max_num_batched_tokens=max(1024, a.prefill),
@@ -42,17 +55,7 @@ def main(a) -> None:
     torch.cuda.synchronize(); long = time.perf_counter() - t
     t = time.perf_counter(); llm.generate([prompt], sp(8), use_tqdm=False); torch.cuda.synchronize()
     step_ms = (long - (time.perf_counter() - t)) / a.steps * 1e3
-    def kernels(m: int) -> dict:
-        "Device µs and launches by kernel name over one generate of `m` tokens (its prefill included)."
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            llm.generate([prompt], sp(m), use_tqdm=False)
-            torch.cuda.synchronize()
-        by = defaultdict(lambda: [0.0, 0])
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                by[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-                by[e.name][1] += 1
-        return by
+    kernels = lambda m: by_kernel(lambda: llm.generate([prompt], sp(m), use_tqdm=False))   # one generate of `m` tokens
     base, run = kernels(1), kernels(1 + a.steps)          # the prefill and first token alone, then with the steps:
     n = a.steps                                           # their difference is the decode steps' own kernels
     rows = sorted(({"kernel": k[:120], "us_per_step": round((v[0] - base.get(k, (0, 0))[0]) / n, 1),
@@ -68,21 +71,13 @@ def main(a) -> None:
 
 def prefill(a, llm, sp) -> None:
     "`--prefill`: one prompt's kernels by name, their share of its time, and its wall time."
-    from torch.profiler import ProfilerActivity, profile
     g = torch.Generator().manual_seed(0)
     prompt = lambda: torch.randint(0, llm.model.cfg.vocab_size, (a.prefill,), generator=g).tolist()
     llm.generate([prompt()], sp(1), use_tqdm=False)                 # compile, allocate
     torch.cuda.synchronize(); t = time.perf_counter()
     llm.generate([prompt()], sp(1), use_tqdm=False)
     torch.cuda.synchronize(); wall = time.perf_counter() - t
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate([prompt()], sp(1), use_tqdm=False)
-        torch.cuda.synchronize()
-    by = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            by[e.name][1] += 1
+    by = by_kernel(lambda: llm.generate([prompt()], sp(1), use_tqdm=False))
     busy = sum(v[0] for v in by.values())
     rows = sorted(({"kernel": k[:120], "us": round(v[0], 1), "calls": v[1], "share": round(v[0] / busy, 4)}
                    for k, v in by.items()), key=lambda r: -r["us"])
