@@ -99,11 +99,12 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
         llm.generate(prompts, sp(k, js), use_tqdm=False)
         torch.cuda.synchronize(); return time.perf_counter() - t
 
-    cases = [(c, P, js, "") for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]
+    base = [(c, P, js) for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]
+    cases = [(*b, "") for b in base]
     if a.schema and spec and a.ab_masked_steps:                   # the same engine, its masked loop back on copies
-        cases += [(c, P, True, "_copies") for P in a.prompt_len for c in a.concurrency]
+        cases += [(c, P, True, "_copies") for c, P, js in base if js]
     if spec and a.ab_verify_ahead:                                # the same engine, verify steps not launched ahead
-        cases += [(c, P, js, "_sync") for P in a.prompt_len for c in a.concurrency for js in ([False, True] if a.schema else [False])]
+        cases += [(*b, "_sync") for b in base]
     for c, P, js, tail in cases:
         if tail == "_copies" and getattr(dg := llm.engine.runner.proposer.graphs, "steps", None):
             m["masked_steps_buckets"] = sorted(dg.steps); dg.steps = {}

@@ -283,9 +283,9 @@ class VerifyAhead:
         acceptance is simulated, no capacity control may cut the drafts, every request's blocks already cover its
         step, the graphs take it, no arrival is waiting, and every constrained request's masks are the walk's."""
         g = self.g
-        if (self.pending is not None or runner.capacity is not None or grammar_greedy(batch) is None
-                or not (runner.simulated is not None or any(r.params.structured_outputs is not None for r, _ in batch))):
-            return
+        if (self.pending is not None or runner.capacity is not None       # cheapest first: this runs after every
+                or not (runner.simulated is not None or any(r.params.structured_outputs is not None for r, _ in batch))
+                or grammar_greedy(batch) is None): return                 # step that is not a fused round
         rows, starts, ids, words = [], [], [], []
         for r, n in batch:
             if r.request_id not in decided: return
