@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dspark.kernels.fp4_grouped import fp4_moe, fp4_moe_grouped
+from dspark.kernels.fp4_grouped import GroupedTiles, fp4_moe, fp4_moe_grouped
 from dspark.kernels.fp4_moe import FP4_GEMV, GemvTiles, fp4_case, fp4_down, fp4_down_ref, fp4_moe_small, fp4_up, fp4_up_ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,3 +50,19 @@ def test_dispatch_and_grouped_decodes_agree():
     for y in outs:
         assert _rel(y, ref) <= 2e-2                       # one e4m3 flip of h allowed (chapter 18b), far below a wrong row
     assert torch.equal(outs[1], outs[2])                  # the Triton and PTX decodes give the same weights, exactly
+
+
+@pytest.mark.parametrize("tiles", [GroupedTiles(16, 64, join=True), GroupedTiles(32, 128, 8, 2, 8, 2, True, True),
+                                   GroupedTiles(16, 64, tile_first=True)])
+def test_grouped_loop_forms_give_the_same_sums(tiles):
+    """The grouped launches with the weight tile joined back into input order (one product a 128-block), with the
+    output tile numbered first, and other warps and stages: the same sums as the two-product loop, up to fp32
+    summation order, over blocks of several experts and a partial last tile."""
+    g = torch.Generator().manual_seed(5)
+    x, w, idx, st = fp4_case(9, 3, 6, 256, 256, 0, 6, g)
+    x, w, idx = x.to(DEV), w.to(DEV), idx.to(DEV)
+    st = type(st)(*(t.to(DEV) for t in (st.w13, st.s13, st.w2, st.s2)), ())
+    base = fp4_moe_grouped(x, w, idx, st, 0, 1.5, tiles.bm, tiles.bn_down)
+    assert _rel(fp4_moe_grouped(x, w, idx, st, 0, 1.5, tiles=tiles), base) <= 1e-5
+    ref = fp4_down_ref(fp4_up_ref(x, w, idx, st, 0, 1.5), idx, st, 0)
+    assert _rel(base, ref) <= 2e-2

@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/kernels_fp4_grouped.html.md"""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -22,8 +23,8 @@ import triton.language as tl
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # bf16 tl.dot and inline PTX are out there
 
 # %% auto #0
-__all__ = ['FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_WIDE_PAIRS', 'fp4_moe_grouped', 'fp4_moe',
-           'fp4_moe_layer', 'fp4_moe_check']
+__all__ = ['FP4_BM', 'FP4_BN_UP', 'FP4_BN_DOWN', 'FP4_SMALL_PAIRS', 'FP4_DENSE_PAIRS', 'FP4_TILES_MID', 'FP4_TILES_DENSE',
+           'GroupedTiles', 'fp4_moe_grouped', 'fp4_moe', 'fp4_moe_layer', 'fp4_moe_check']
 
 # %% ../../nbs/18c_kernels_fp4_grouped.ipynb #fp4g0004
 @triton.jit
@@ -41,13 +42,17 @@ def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, ASM: tl.c
 @triton.jit
 def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
                         UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-                        ASM: tl.constexpr):
+                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr):
     """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
     of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
     pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
     BN rows of w1 and the same rows of w3, the epilogue the clamped SwiGLU times the routing weight, then each row's
-    128-group `act_quant`ed and back (BN = 128) into `out [pairs, I]` bf16; else fp32 rows into `out [pairs, NOUT]`."""
-    b, t = tl.program_id(0), tl.program_id(1)
+    128-group `act_quant`ed and back (BN = 128) into `out [pairs, I]` bf16; else fp32 rows into `out [pairs, NOUT]`.
+    JOIN: the weight tile's two nibble halves are joined back into input order and met by the activations' contiguous
+    `[BM, 128]` tile in one product (else two products on the even and odd inputs, loaded with a stride of two).
+    TILE_FIRST: program id 0 numbers the output tile, so the programs that run together share their block's
+    activation rows in L2."""
+    b, t = (tl.program_id(1), tl.program_id(0)) if TILE_FIRST else (tl.program_id(0), tl.program_id(1))
     e = tl.load(bexp_ptr + b).to(tl.int64)
     if e < 0: return                                       # a block past the last expert's: nothing to do
     m = tl.arange(0, BM)
@@ -62,17 +67,25 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
     acc = tl.zeros([BM, BN], tl.float32)
     acc2 = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, 128):
-        a_even = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :], mask=pm[:, None], other=0.0)
-        a_odd = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :] + 1, mask=pm[:, None], other=0.0)
-        if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
+        if JOIN:
+            a = tl.load(a_ptr + arow[:, None] * K + k0 + tl.arange(0, 128)[None, :], mask=pm[:, None], other=0.0)
+            if F32: a = a.to(tl.float32)
+        else:
+            a_even = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :], mask=pm[:, None], other=0.0)
+            a_odd = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :] + 1, mask=pm[:, None], other=0.0)
+            if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
         lo, hi = _fp4_tile(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, ASM)
-        acc = tl.dot(a_even, tl.trans(lo), acc)
-        acc = tl.dot(a_odd, tl.trans(hi), acc)
+        if JOIN: acc = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc)
+        else:
+            acc = tl.dot(a_even, tl.trans(lo), acc)
+            acc = tl.dot(a_odd, tl.trans(hi), acc)
         if UP:                                             # the matching rows of w3, NOUT rows further on
             lo, hi = _fp4_tile(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
                                s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, ASM)
-            acc2 = tl.dot(a_even, tl.trans(lo), acc2)
-            acc2 = tl.dot(a_odd, tl.trans(hi), acc2)
+            if JOIN: acc2 = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc2)
+            else:
+                acc2 = tl.dot(a_even, tl.trans(lo), acc2)
+                acc2 = tl.dot(a_odd, tl.trans(hi), acc2)
     pid = tl.where(pm, pair, 0).to(tl.int64)
     if UP:
         wt = tl.load(wt_ptr + pid, mask=pm, other=0.0).to(tl.float32)
@@ -109,38 +122,59 @@ def _align(idx: torch.Tensor, first: int, E: int, bm: int) -> tuple[torch.Tensor
 
 FP4_BM, FP4_BN_UP, FP4_BN_DOWN = 16, 128, 64   # tiles of the grouped launches (BN of the up launch is one act group)
 
+class GroupedTiles(NamedTuple):
+    "One choice of the grouped launches' shape: pair block, down tile, warps and stages of each, and the loop's form."
+    bm: int = FP4_BM
+    bn_down: int = FP4_BN_DOWN
+    warps_up: int = 4
+    stages_up: int = 3
+    warps_down: int = 4
+    stages_down: int = 3
+    join: bool = False          # `_fp4_grouped_kernel`'s JOIN
+    tile_first: bool = False    # and its TILE_FIRST
+
 def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm: int = FP4_BM,
-                    bn_down: int = FP4_BN_DOWN, asm: bool = True) -> torch.Tensor:
+                    bn_down: int = FP4_BN_DOWN, asm: bool = True, tiles: GroupedTiles | None = None) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, on tensor cores: pairs grouped by expert on the device, x `act_quant`ed
     and back in bf16 (exact), one grouped launch for w1/w3 with the SwiGLU and h's quantisation fused, one for w2, and
-    a sum over each token's pairs. Sync-free (capturable) at any size."""
+    a sum over each token's pairs. Sync-free (capturable) at any size. `tiles` overrides `bm` and `bn_down`."""
     check_moe_args(x, weights, idx, st)
+    c = tiles or GroupedTiles(bm, bn_down)
     (N, D), k, (E, I) = x.shape, idx.shape[1], (st.w13.shape[0], st.w13.shape[1] // 2)
     P = N * k
     y = torch.zeros(P, D, dtype=torch.float32, device=x.device)
     if P == 0: return y.view(N, k, D).sum(1)
-    rows, bexp = _align(idx, first, E, bm)
+    rows, bexp = _align(idx, first, E, c.bm)
     xq = act_rows(x).to(torch.bfloat16)                 # exact in bf16 too: an e4m3 value times a power of two
     h = torch.empty(P, I, dtype=torch.bfloat16, device=x.device)
     wt = weights.reshape(-1).float()
     asm = asm and not _INTERPRETED
-    launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(I, FP4_BN_UP)), xq, k, rows, bexp, wt, st.w13,
-           st.s13.view(torch.uint8), h, D, I, I, float(limit), UP=True, BM=bm, BN=FP4_BN_UP, F32=_INTERPRETED, ASM=asm)
-    launch(_fp4_grouped_kernel, (bexp.numel(), triton.cdiv(D, bn_down)), h, 1, rows, bexp, wt, st.w2,
-           st.s2.view(torch.uint8), y, I, D, I, float(limit), UP=False, BM=bm, BN=bn_down, F32=_INTERPRETED, ASM=asm)
+    grid = lambda n, bn: (triton.cdiv(n, bn), bexp.numel()) if c.tile_first else (bexp.numel(), triton.cdiv(n, bn))
+    launch(_fp4_grouped_kernel, grid(I, FP4_BN_UP), xq, k, rows, bexp, wt, st.w13, st.s13.view(torch.uint8), h, D, I,
+           I, float(limit), UP=True, BM=c.bm, BN=FP4_BN_UP, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
+           TILE_FIRST=c.tile_first, num_warps=c.warps_up, num_stages=c.stages_up)
+    launch(_fp4_grouped_kernel, grid(D, c.bn_down), h, 1, rows, bexp, wt, st.w2, st.s2.view(torch.uint8), y, I, D, I,
+           float(limit), UP=False, BM=c.bm, BN=c.bn_down, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
+           TILE_FIRST=c.tile_first, num_warps=c.warps_down, num_stages=c.stages_down)
     return y.view(N, k, D).sum(1)
 
 FP4_SMALL_PAIRS = 384     # up to 64 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
-FP4_WIDE_PAIRS = 4096     # from here the grouped launches take blocks of 64 pairs and 128-row down tiles
+FP4_DENSE_PAIRS = 64      # pairs an expert from which the grouped launches take blocks of 128 pairs (H100 sweep)
+# the grouped launches' settings (H100 sweep, benchmarks/scripts/fp4_grouped_gpu.py at 256-8,192 tokens of top-6 over
+# 256 experts): the joined loop on output-tile-first programs, blocks of 64 pairs while an expert gets fewer than
+# `FP4_DENSE_PAIRS`, of 128 (two [128, 128] fp32 accumulators in the up launch: 16 warps) from there
+FP4_TILES_MID = GroupedTiles(64, 64, 4, 3, 4, 3, join=True, tile_first=True)
+FP4_TILES_DENSE = GroupedTiles(128, 256, 16, 3, 16, 3, join=True, tile_first=True)
 
 def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, by the fastest measured path for the pair count: the two GEMV launches
-    for a decode step's few pairs, the grouped tensor-core launches above. Both are sync-free (a CUDA graph captures
-    them)."""
+    for a decode step's few pairs, the grouped tensor-core launches above for more, their tiles by pairs an expert
+    (counted over this shard's experts: a bound when the shard holds only some of them). Both are sync-free (a CUDA
+    graph captures them)."""
     P = idx.numel()
     if P <= FP4_SMALL_PAIRS: return fp4_moe_small(x, weights, idx, st, first, limit)
-    if P < FP4_WIDE_PAIRS: return fp4_moe_grouped(x, weights, idx, st, first, limit, 16, 64)
-    return fp4_moe_grouped(x, weights, idx, st, first, limit, 64, 128)
+    dense = P >= FP4_DENSE_PAIRS * st.w13.shape[0]
+    return fp4_moe_grouped(x, weights, idx, st, first, limit, tiles=FP4_TILES_DENSE if dense else FP4_TILES_MID)
 
 def fp4_moe_layer(x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, moe) -> torch.Tensor:
     "`MoE.fp4`'s signature: `fp4_moe` on `moe`'s FP4 stacks (stacked on first use, restacked when stale)."
@@ -170,10 +204,12 @@ def fp4_moe_check(device: str | torch.device, dim: int = 256, inter: int = 128, 
         # the grouped launches end to end: besides fp32 summation order, an h value on an e4m3 rounding boundary may
         # round the other way (tl.exp is not torch's exp), a change of one e4m3 step in one h value: 2% allows it,
         # and a wrong expert, row or scale is off by far more
-        y, y_ref = fp4_moe_grouped(x, weights, idx, st, first, limit), fp4_moe_ref(x, weights, idx, st, first, limit)
-        err, tol = (y - y_ref).abs().max().item(), 2e-2 * max(1e-30, y_ref.abs().max().item())
-        if not err <= tol:
-            return f"fp4_moe_grouped differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
+        y_ref = fp4_moe_ref(x, weights, idx, st, first, limit)
+        for c in (FP4_TILES_MID, FP4_TILES_DENSE):
+            y = fp4_moe_grouped(x, weights, idx, st, first, limit, tiles=c)
+            err, tol = (y - y_ref).abs().max().item(), 2e-2 * max(1e-30, y_ref.abs().max().item())
+            if not err <= tol:
+                return f"fp4_moe_grouped with {c} differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
     except Exception as e:                              # a compiler or launch error on this device: keep the loop
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None
