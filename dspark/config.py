@@ -16,9 +16,9 @@ from typing import Any
 __version__ = "0.1.0"   # the package's version: pyproject.toml reads it here, `dspark.__version__` re-exports it
 
 # %% auto #0
-__all__ = ['SLIDING', 'CSA', 'HCA', 'SCORING_FUNCS', 'PRESETS', 'WORKING_MEMORY', 'ConfigError', 'ModelConfig', 'validate',
-           'from_dict', 'load_config', 'parse_overrides', 'apply_overrides', 'named_configs', 'resolve_model',
-           'to_dict', 'save_config', 'preset', 'reduction_on']
+__all__ = ['SLIDING', 'CSA', 'HCA', 'SCORING_FUNCS', 'PRESETS', 'WORKING_MEMORY', 'PROMPT_LOGPROB_ROWS', 'ConfigError',
+           'ModelConfig', 'validate', 'from_dict', 'load_config', 'parse_overrides', 'apply_overrides', 'named_configs',
+           'resolve_model', 'to_dict', 'save_config', 'preset', 'reduction_on']
 
 # %% ../nbs/00_config.ipynb #0c39e11b
 class ConfigError(ValueError):
@@ -301,7 +301,9 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 # %% ../nbs/00_config.ipynb #54739f46
 WORKING_MEMORY: dict[str, bool] = {"inplace_q": True, "shared_logits": True, "graph_draft_q": True,
-                                   "skip_mtp_staging": True}
+                                   "skip_mtp_staging": True, "sampled_logits": True}
+PROMPT_LOGPROB_ROWS = 512   # the longest prompt chunk of a request that asked for prompt logprobs: each of its rows
+                            # gets `[V]` fp32 logits, which the memory plan reserves for this many rows only
 
 def reduction_on(name: str) -> bool:
     "Whether working-memory reduction `name` (a key of `WORKING_MEMORY`) is on; a misspelt name fails loudly."

@@ -232,16 +232,31 @@ def test_llm_without_a_model_loads_the_embedded_default():
     assert len(out.outputs[0].token_ids) == 4 and out.prompt_token_ids == llm.tokenizer.encode("def main(")
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_prompt_logprobs_over_chunked_prefill_equal_the_full_forward(tiny_ckpt, tiny_model, temperature):
+@pytest.mark.parametrize("temperature,cap", [(0.0, None), (1.0, None), (0.0, 6)])
+def test_prompt_logprobs_over_chunked_prefill_equal_the_full_forward(tiny_ckpt, tiny_model, temperature, cap, monkeypatch):
     """`SamplingParams.prompt_logprobs`: a prompt prefilled in 16-token chunks, with DSpark drafting, hands back on its
-    first delta every prompt token's logprob, rank and top-k, equal to one full forward's (the first token: None)."""
+    first delta every prompt token's logprob, rank and top-k, equal to one full forward's (the first token: None).
+    With `cap`, `PROMPT_LOGPROB_ROWS` (the memory plan's rows for such a chunk) is smaller than the step's budget:
+    its chunks stay within it while a plain prompt beside it takes the rest of the budget."""
+    import dspark.engine.scheduler as S
+    if cap: monkeypatch.setattr(S, "PROMPT_LOGPROB_ROWS", cap)
     llm = LLM(tiny_ckpt, speculative="dspark", num_speculative_tokens=3, max_model_len=256,
               kv_cache_memory_bytes=32 * 2**20, max_num_seqs=4, max_num_batched_tokens=16)
     ids = [5 + (7 * i) % 400 for i in range(70)]
     rid = llm.add_request(ids, SamplingParams(temperature=temperature, max_tokens=4, prompt_logprobs=3, seed=1))
+    other = llm.add_request(ids[:40], SamplingParams(temperature=0.0, max_tokens=2)) if cap else None
+    sched, chunks = llm.engine.scheduler, []                 # (request, prompt tokens it runs) of each scheduled chunk
+    schedule = sched.schedule
+    def watched(*a, **k):
+        out = schedule(*a, **k)
+        chunks.extend((r.request_id, n) for r, n in out if r.num_tokens - r.num_computed > 1)
+        return out
+    sched.schedule = watched
     deltas = []
-    while llm.has_unfinished_requests(): deltas += llm.step()
+    while llm.has_unfinished_requests(): deltas += [d for d in llm.step() if d.request_id == rid]
+    if cap:
+        assert max(n for i, n in chunks if i == rid) == cap and max(n for i, n in chunks if i == other) > cap
+        llm.pop_output(other)
     assert deltas[0].prompt_logprobs is not None and all(d.prompt_logprobs is None for d in deltas[1:])
     plp, ref = deltas[0].prompt_logprobs, tiny_model.logits(torch.tensor([ids]))[0].log_softmax(-1)
     assert len(plp) == len(ids) and plp[0] is None

@@ -28,7 +28,7 @@ def storage(t: torch.Tensor) -> int: return t.untyped_storage().data_ptr()
 
 
 def test_switches_are_all_on_by_default_and_restored():
-    assert memory_reductions() == dict.fromkeys(MEMORY_REDUCTIONS, True) and len(MEMORY_REDUCTIONS) == 7
+    assert memory_reductions() == dict.fromkeys(MEMORY_REDUCTIONS, True) and len(MEMORY_REDUCTIONS) == 8
     with reductions_set(graph_draft_q=False, inplace_post=False) as on:
         assert not on["graph_draft_q"] and not on["inplace_post"] and on["fuse_final"]
     assert all(memory_reductions().values())
@@ -166,3 +166,21 @@ def test_drafter_block_with_inplace_q_off(tiny_ckpt):
     with reductions_set(inplace_q=False):
         off = drafter.block_hidden(anchors, P, rows, valid)
     assert torch.equal(on, off)
+
+
+def test_sampled_logits_runs_the_head_on_the_sampling_rows_alone(tiny_ckpt):
+    """`sampled_logits`: in 8-token steps, a 16-token and a 7-token prompt's prefill chunks give the head only the rows
+    that sample (one a request, at the prompt's end; none for a chunk short of it), where with the switch off it reads
+    every row of the step; the tokens are the same."""
+    got = []
+    for on in (True, False):
+        with reductions_set(sampled_logits=on):
+            llm = dspark.LLM(tiny_ckpt, max_num_batched_tokens=8, **KW)
+            rows: list[int] = []
+            hook = llm.model.head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[-2]))
+            sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+            got.append(([o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp, use_tqdm=False)], rows))
+            hook.remove()
+    (on_tokens, on_rows), (off_tokens, off_rows) = got
+    assert on_tokens == off_tokens
+    assert max(on_rows) <= 2 and 0 in on_rows and max(off_rows) == 8

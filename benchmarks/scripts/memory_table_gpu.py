@@ -1,6 +1,6 @@
-"""The working-memory table: for each of the engine's seven working-memory reductions (chapter 22c: the three mHC
+"""The working-memory table: for each of the engine's eight working-memory reductions (chapter 22c: the three mHC
 stream buffers, the in-place query, the shared logits buffer, the in-graph draft distributions, the skipped MTP
-staging), the bytes it saves at V4-Flash width, measured by switching it off, and the KV tokens those bytes hold;
+staging, the head on sampled rows alone), the bytes it saves at V4-Flash width, measured by switching it off, and the KV tokens those bytes hold;
 then the KV tokens at a fixed memory budget with all seven on and all seven off.
 
     python benchmarks/scripts/memory_table_gpu.py                  # V4-Flash-0731 width, 4 layers, one GPU: $OUT/memory_table.json
@@ -49,10 +49,10 @@ import torch
 ROWS = [("fuse_final", ("fuse_final",), ()), ("inplace_post", ("inplace_post",), ()),
         ("pingpong", ("inplace_post", "pingpong"), ("inplace_post",)), ("inplace_q", ("inplace_q",), ()),
         ("skip_mtp_staging", ("skip_mtp_staging",), ()), ("shared_logits", ("shared_logits",), ()),
-        ("graph_draft_q", ("graph_draft_q",), ())]
+        ("graph_draft_q", ("graph_draft_q",), ()), ("sampled_logits", ("sampled_logits",), ())]
 # which measurement each switch can change (the eager step does not capture; the draft step has no mHC streams to
 # reuse, no target logits and no finals)
-AFFECTS = {"step": {"fuse_final", "inplace_post", "pingpong", "inplace_q", "skip_mtp_staging"},
+AFFECTS = {"step": {"fuse_final", "inplace_post", "pingpong", "inplace_q", "skip_mtp_staging", "sampled_logits"},
            "graphs": {"fuse_final", "inplace_post", "pingpong", "inplace_q", "skip_mtp_staging", "shared_logits"},
            "draft": {"inplace_q", "graph_draft_q"}}
 
@@ -102,6 +102,7 @@ def measure(llm, a, meter: Meter, offs: tuple[str, ...], which: set[str]) -> dic
     from dspark.cache.kv_cache import SeqView
     from dspark.runtime.buffers import fill_buffers
     from dspark.runtime.graphs import DraftGraphs, GraphRunner, fast_path
+    from dspark.config import PROMPT_LOGPROB_ROWS
     from dspark.runtime.memory import reductions_set, step_peak_bytes
     from dspark.sample.sampling import SamplingParams
     r, pr, model = llm.runner, llm.runner.proposer, llm.model
@@ -117,8 +118,11 @@ def measure(llm, a, meter: Meter, offs: tuple[str, ...], which: set[str]) -> dic
         fwd = functools.partial(forward, mhc=mhc_fns, finals=[] if "skip_mtp_staging" in offs else None)
         if "step" in which:
             if meter.cuda:
-                out["step"] = min(step_peak_bytes(model, fwd, a.tokens, a.max_model_len, r.cache.cc.block_size, dt, pr.taps)
-                                  for _ in range(2))
+                # the head on the rows a step samples, as the engine's plan (`profile_memory`) counts them
+                rows = (a.max_num_seqs * (pr.drafter.block_size + 1) + PROMPT_LOGPROB_ROWS
+                        if "sampled_logits" not in offs else None)
+                out["step"] = min(step_peak_bytes(model, fwd, a.tokens, a.max_model_len, r.cache.cc.block_size, dt, pr.taps,
+                                                  rows) for _ in range(2))
             else: out["step"] = None
             t = list(range(r.cache.cc.num_window_blocks))[:4]
             ids = torch.arange(3, 3 + min(a.tokens, 64), device=dev) % cfg.vocab_size
@@ -147,6 +151,7 @@ def measure(llm, a, meter: Meter, offs: tuple[str, ...], which: set[str]) -> dic
 
 def main(a) -> None:
     from dspark.cache.kv_cache import kv_bytes_per_token, plan_cache
+    from dspark.config import PROMPT_LOGPROB_ROWS
     from dspark.runtime.memory import kv_tokens_for, reduction_estimates
     import triton
     cuda = not a.cpu_smoke
@@ -195,7 +200,8 @@ def main(a) -> None:
     rec["config"]["all_on_bytes"] = {k: [cold[k], base[k], again[k]] for k in ("step", "graphs", "draft")}
     print(f"  all_on step/graphs/draft bytes, cold / first / last: {rec['config']['all_on_bytes']}", flush=True)
     est = reduction_estimates(cfg, a.tokens, base["sizes"], base["draft_sizes"], pr.drafter.block_size,
-                              llm.model.embed.weight.element_size())
+                              llm.model.embed.weight.element_size(),
+                              a.max_num_seqs * (pr.drafter.block_size + 1) + PROMPT_LOGPROB_ROWS)
     total = lambda m: None if None in (m["step"], m["graphs"], m["draft"]) else m["step"] + m["graphs"] + m["draft"]
     err = lambda x, y: None if x is None or y is None else float((x - y).abs().max())
     for name, offs, base_offs in ROWS:

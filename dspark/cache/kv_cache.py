@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/kv_cache.html.md"""
 # %% ../../nbs/11_kv_cache.ipynb #5bd363da
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -319,14 +320,17 @@ def run_layers(model: Transformer, ids: torch.Tensor, attend: Callable, taps: tu
 def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.Tensor], seqs: list[SeqView],
                    taps: tuple[int, ...] = (), features: list | None = None, finals: list | None = None,
                    attend: Callable | None = None,
-                   mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head)) -> list[torch.Tensor]:
+                   mhc: tuple[Callable, Callable, Callable] = (hc_pre, hc_post, hc_head),
+                   rows: list[int] | None = None) -> list[torch.Tensor]:
     """Run each request's new tokens `chunks[i]` (1-D ids) at `seqs[i].start`; returns each chunk's logits
     `[n_i, V]`. With `taps`, `features` receives each chunk's hc-mean outputs of those layers, concatenated
     in the given order (`[n_i, len(taps)·D]`): the DSpark drafter's context features. `finals` receives the
     residual streams after the last layer (`[n_i, hc, D]`, before `hc_head`): the MTP layer's input.
     `attend(attn, layer_id, x [N, D])` replaces the per-request `attend_cached` loop with one call over all
     the step's tokens (the batched GPU path); everything else in the layer is already batched. `mhc`: the
-    (pre, post, head) hyper-connection functions (the fused GPU kernels on the fast path)."""
+    (pre, post, head) hyper-connection functions (the fused GPU kernels on the fast path). `rows[i]`: how many of
+    chunk `i`'s last rows get logits (the head reads only those: a prefill chunk's earlier positions sample nothing,
+    and its `[n, V]` fp32 logits were the largest buffer of a long step); its entry is then `[rows[i], V]`."""
     cfg = model.cfg
     ids = torch.cat(chunks).unsqueeze(0).to(model.embed.weight.device)
     model.check_ids(ids, one_sequence=False)               # positions are per request (the scheduler bounds them)
@@ -340,5 +344,12 @@ def forward_cached(model: Transformer, cache: PagedKVCache, chunks: list[torch.T
         f = torch.cat([tapped[l] for l in taps], dim=-1)
         features.extend(f[a:e] for a, e in zip(bounds, bounds[1:]))
     if finals is not None: finals.extend(x[0, a:e] for a, e in zip(bounds, bounds[1:]))
+    if rows is not None:
+        if len(rows) != len(chunks) or any(not 0 <= r <= e - a for r, a, e in zip(rows, bounds, bounds[1:])):
+            raise ValueError(f"forward_cached: rows {rows} must give each of the {len(chunks)} chunks 0..its length rows")
+        if sum(rows) < bounds[-1]:
+            keep = [j for r, e in zip(rows, bounds[1:]) for j in range(e - r, e)]
+            h = h[:, torch.tensor(keep, dtype=torch.long, device=h.device)]
+        bounds = list(itertools.accumulate(rows, initial=0))
     logits = model.head_logits(h)[0]
     return [logits[a:e] for a, e in zip(bounds, bounds[1:])]

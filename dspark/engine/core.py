@@ -160,7 +160,7 @@ class EngineCore:
                                          gpu_memory_utilization, max_num_batched_tokens,
                                          max(max_num_seqs * (K + 1), ragged) if use_graphs else 0,
                                          self.max_model_len,
-                                         block_size, cache_dtype, taps)
+                                         block_size, cache_dtype, taps, max_num_seqs * (K + 1))
             budget = self.memory.kv_budget
         else: budget = self._default_budget(device, gpu_memory_utilization)
         cc = plan_cache(cfg, budget, block_size, max_num_seqs, max_num_batched_tokens, K, cache_dtype, fp8)

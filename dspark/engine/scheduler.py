@@ -13,7 +13,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from ..config import CSA, ModelConfig
+from ..config import CSA, PROMPT_LOGPROB_ROWS, ModelConfig
 from ..cache.kv_cache import CacheConfig
 from ..request import Request
 from ..runtime.runner import RunnerOutput
@@ -160,6 +160,10 @@ class SchedulerConfig:
                                    # (chapter 25: a step launched ahead must find its blocks allocated)
     mixed_step_tokens: int = 0     # the largest captured step (0: none): see `Scheduler.prefill_room`
 
+def _prompt_cap(req: Request) -> int:
+    "The most prompt tokens `req` may run in one step: `PROMPT_LOGPROB_ROWS` if it asked for prompt logprobs."
+    return PROMPT_LOGPROB_ROWS if req.params.prompt_logprobs is not None else 1 << 62
+
 class Scheduler:
     "Waiting and running queues, a token budget per step, chunked prefill and preemption by recompute."
     def __init__(self, sc: SchedulerConfig, kv: KVCacheManager):
@@ -186,7 +190,7 @@ class Scheduler:
             prompt = req.num_tokens - req.num_computed > 1             # a prompt chunk (or a recompute's)
             if prompt:
                 if room == 0: continue
-                n = min(n, room)
+                n = min(n, room, _prompt_cap(req))
             while not self._allocate(req, n, decoding=not prompt):
                 victim = self.running[-1]
                 self._preempt(victim); gone.add(victim)
@@ -197,7 +201,7 @@ class Scheduler:
         while admit and self.waiting and budget and room and len(self.running) < self.sc.max_num_seqs:
             req = self.waiting[0]
             if not self.kv.admit(req): break
-            n = min(req.num_tokens - req.num_computed, budget, room)
+            n = min(req.num_tokens - req.num_computed, budget, room, _prompt_cap(req))
             if not self._allocate(req, n, decoding=req.num_tokens - req.num_computed == 1):   # a prompt: exactly its chunk
                 self.kv.free(req)
                 if not self.running and not out:

@@ -412,7 +412,7 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
                 return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"
         words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).to(dev)
         ok = ((words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1).view(1, -1)[:, :V].bool()
-        md = markov_masked_greedy_triton(U, h, anchors, w1, w2, G, lambda k, last: words)
+        md = markov_masked_greedy_triton(U, h, anchors, w1, w2, G, lambda k, last: words).to(dev)   # drafts come on the host
         for k in range(G):                       # each masked draft: allowed, and the best allowed after the one before
             lg = markov_logits(U[:, k].float(), anchors if k == 0 else md[:, k - 1], w1, w2)[0].masked_fill(~ok[0], -1e30)
             a, b = lg[md[0, k]].item(), lg.max().item()

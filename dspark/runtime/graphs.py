@@ -240,13 +240,14 @@ class GraphRunner:
         return self.ragged if self.ragged and N <= self.ragged_sizes[-1] else None
 
     def __call__(self, model, cache, chunks: list[torch.Tensor], seqs: list[SeqView], taps: tuple[int, ...] = (),
-                 features: list | None = None, finals: list | None = None) -> list[torch.Tensor]:
+                 features: list | None = None, finals: list | None = None, rows: list[int] | None = None) -> list[torch.Tensor]:
+        "The step's logits, each request's; `rows` (`forward_cached`'s) trims an eager step's, a replay writes all."
         self.wrote_context = False
         graphs = self._graphs_for(chunks, seqs, taps, finals) if model is self.model and cache is self.cache else None
         if graphs is None:
             self.eager_steps += 1
             staged = [] if finals is None and self.finals else finals   # `skip_mtp_staging` off: staged anyway
-            return self.eager(model, cache, chunks, seqs, taps, features, staged)
+            return self.eager(model, cache, chunks, seqs, taps, features, staged, rows=rows)
         lens = [c.shape[0] for c in chunks]
         N = sum(lens)
         n = next(s for s in (self.sizes if graphs is self.graphs else self.ragged_sizes) if s >= N)

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from ..cache.kv_cache import CacheConfig, PagedKVCache, SeqView, block_bytes, kv_bytes_per_token, ring_bytes
-from ..config import CSA, WORKING_MEMORY
+from ..config import CSA, PROMPT_LOGPROB_ROWS, WORKING_MEMORY, reduction_on
 from ..model import mhc
 
 # %% auto #0
@@ -53,9 +53,10 @@ class MemoryProfile:
 
 @torch.no_grad()
 def step_peak_bytes(model, forward: Callable, tokens: int, max_model_len: int, block_size: int, dtype: torch.dtype,
-                    taps: tuple[int, ...] = ()) -> int:
+                    taps: tuple[int, ...] = (), logit_rows: int | None = None) -> int:
     """Peak working memory of one eager prefill step of `tokens` tokens (split into sequences of at most
-    `max_model_len`), against a scratch cache that is allocated before and freed after the measurement."""
+    `max_model_len`), against a scratch cache that is allocated before and freed after the measurement. `logit_rows`:
+    the head runs on that many of the step's rows (`forward_cached`'s `rows`: the most a step samples), else on all."""
     dev, cfg = model.embed.weight.device, model.cfg
     lens = [min(max_model_len, tokens - a) for a in range(0, tokens, max_model_len)]
     per = math.ceil(max(lens) / block_size) + 1
@@ -65,7 +66,9 @@ def step_peak_bytes(model, forward: Callable, tokens: int, max_model_len: int, b
     torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     feats: list[torch.Tensor] = []
-    forward(model, cache, chunks, [SeqView(t, t, i, 0) for i, t in enumerate(tables)], taps, feats)
+    left = tokens if logit_rows is None else min(tokens, logit_rows)
+    rows = [min(n, left - sum(lens[:i])) if left > sum(lens[:i]) else 0 for i, n in enumerate(lens)]
+    forward(model, cache, chunks, [SeqView(t, t, i, 0) for i, t in enumerate(tables)], taps, feats, rows=rows)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     del cache, feats, chunks
@@ -73,13 +76,17 @@ def step_peak_bytes(model, forward: Callable, tokens: int, max_model_len: int, b
     return peak
 
 def profile_memory(model, forward: Callable, utilization: float, max_batched_tokens: int, graph_tokens: int,
-                   max_model_len: int, block_size: int, dtype: torch.dtype, taps: tuple[int, ...] = ()) -> MemoryProfile:
-    "Measure the weights and the working memory, then size the KV budget from `utilization` (see above)."
+                   max_model_len: int, block_size: int, dtype: torch.dtype, taps: tuple[int, ...] = (),
+                   sampled_rows: int | None = None) -> MemoryProfile:
+    """Measure the weights and the working memory, then size the KV budget from `utilization` (see above). The
+    largest eager step's head runs on `sampled_rows` (a full batch of decode and verify rows) plus one prompt-logprobs
+    chunk (`PROMPT_LOGPROB_ROWS`), the most rows any step samples; `None`: on every row."""
     torch.cuda.synchronize(); torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     weights, other = torch.cuda.memory_allocated(), total - free - torch.cuda.memory_reserved()
-    run = lambda n: step_peak_bytes(model, forward, n, max_model_len, block_size, dtype, taps)
-    act = run(max_batched_tokens)
+    run = lambda n, rows=None: step_peak_bytes(model, forward, n, max_model_len, block_size, dtype, taps, rows)
+    sampled = sampled_rows is not None and reduction_on("sampled_logits")    # off: the head on every row, as before
+    act = run(max_batched_tokens, sampled_rows + PROMPT_LOGPROB_ROWS if sampled else None)
     # The graphs' pool holds the largest bucket's working memory, the draft step's, and every graph's kernel
     # parameters (~1,000 nodes a graph, one graph a bucket): the eager peak of the largest step, doubled,
     # plus a fixed 256 MiB. The real footprint is measured after capture and printed beside it.
@@ -128,7 +135,7 @@ def memory_line(weights: int, working: int, kv_bytes: int, kv_tokens: int, max_m
 MEMORY_REDUCTIONS = mhc.REDUCTIONS + tuple(WORKING_MEMORY)
 
 def memory_reductions() -> dict[str, bool]:
-    "Every working-memory switch as `{name: on}`: chapter 4a's three mHC ones, then `config.WORKING_MEMORY`'s four."
+    "Every working-memory switch as `{name: on}`: chapter 4a's three mHC ones, then `config.WORKING_MEMORY`'s five."
     return {**mhc.switches(), **WORKING_MEMORY}
 
 def _put(on: dict[str, bool]) -> None:
@@ -148,19 +155,20 @@ def reductions_set(**on: bool) -> Iterator[dict[str, bool]]:
     finally: _put(before)
 
 def reduction_estimates(cfg, step_tokens: int, graph_sizes: list[int] = (), draft_sizes: list[int] = (), gamma: int = 0,
-                        act_bytes: int = 2) -> dict[str, int]:
+                        act_bytes: int = 2, sampled_rows: int | None = None) -> dict[str, int]:
     """Bytes each reduction should save, from shapes alone: on the peak of an eager step of `step_tokens` tokens (the
     mHC three, in-place Q), and in the pools of target graphs of `graph_sizes` tokens (every decode/verify and ragged
     bucket) and of sampled draft graphs for `draft_sizes` requests of `gamma` drafts (two sets: with and without
     top-k/top-p). The pools' figures count the outputs a plain capture keeps alive per bucket, less the one shared
-    buffer that replaces them."""
+    buffer that replaces them. `sampled_logits`: the eager step's fp32 logits of the rows past `sampled_rows`."""
     stream = lambda n: n * cfg.hc_mult * cfg.hidden_size * act_bytes
     V, rows = cfg.vocab_size, max(graph_sizes, default=0)
     return {**mhc.mhc_bytes_saved(cfg, step_tokens, act_bytes, dict.fromkeys(mhc.REDUCTIONS, True)),
             "inplace_q": step_tokens * cfg.num_attention_heads * cfg.head_dim * act_bytes,
             "shared_logits": (sum(graph_sizes) - rows) * V * 4,
             "graph_draft_q": 2 * sum(draft_sizes) * gamma * V * 4 if gamma else 0,
-            "skip_mtp_staging": sum(stream(n) for n in graph_sizes)}
+            "skip_mtp_staging": sum(stream(n) for n in graph_sizes),
+            "sampled_logits": max(0, step_tokens - (step_tokens if sampled_rows is None else sampled_rows)) * V * 4}
 
 def kv_tokens_for(nbytes: int, cfg, elem_bytes: int = 2, fp8: bool = False) -> int:
     "KV tokens `nbytes` of memory hold (`kv_bytes_per_token`: the compressed entries and indexer keys of every layer)."

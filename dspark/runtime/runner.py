@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from ..config import reduction_on
 from ..request import Request, all_plain_greedy
 from ..sample.rejection import SpecStats, verify_keyed
 from ..sample.sampling import STREAMS, RowParams, draw_keyed, on_device, row_probs
@@ -154,14 +155,15 @@ class ModelRunner:
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
         if self.round_ahead is not None: self.round_ahead.drop()
         logits = self.forward(self.model, self.cache, chunks, seqs, pr.taps if pr else (), feats,
-                              feats if pr and pr.final else None)
+                              feats if pr and pr.final else None, rows=self._logit_rows(batch))
         self.observed = getattr(self.forward, "wrote_context", False)   # the forward already updated the drafter's context
         decided, sampled = {}, []                                  # id -> (drafts verified, accepted, tokens, logprobs)
         gram = None if greedy else grammar_greedy(batch)           # greedy, some under a grammar and nothing else
         if greedy or gram is not None:                             # every row's argmax in one device-to-host copy
             flat = getattr(logits, "flat", None)                   # a graph step's rows are one tensor already
             flat = torch.cat(logits) if flat is None else flat
-            ends = list(itertools.accumulate(n for _, n in batch))
+            ends = getattr(logits, "bounds", None)                 # each request's rows end: all of a replay's, or
+            ends = ends[1:] if ends else list(itertools.accumulate(len(t) for t in logits))   # the eager step's kept
             top = flat.argmax(-1)
             if gram: self._grammars().masked_argmax(flat, top, [(batch[i][0], ends[i], batch[i][1] - batch[i][0].num_tokens
                                                                  + batch[i][0].num_computed) for i in gram])
@@ -175,9 +177,16 @@ class ModelRunner:
                 continue
             k = n - known
             if greedy: decided[r.request_id] = (k, *verify(r.drafts[:k], top[ends[i] - k - 1:ends[i]]), None)
-            else: sampled.append((r, k, logits[i][known - 1:]))    # row j verifies draft j+1; the last is the bonus
+            else: sampled.append((r, k, logits[i][-k - 1:]))      # row j verifies draft j+1; the last is the bonus
         if sampled: decided |= self._verify_sampled(sampled)
         return self._finish(batch, decided, feats)
+
+    @staticmethod
+    def _logit_rows(batch: list[tuple[Request, int]]) -> list[int] | None:
+        """Each chunk's rows that sample or verify (the last `k + 1` with `k` drafts; none for a prefill chunk short of the
+        prompt's end; all for a prompt whose logprobs were asked); None (all) with `sampled_logits` off (chapter 22c)."""
+        return [n if r.params.prompt_logprobs is not None and not r.output_ids else max(0, n - r.num_tokens + r.num_computed + 1)
+                for r, n in batch] if reduction_on("sampled_logits") else None
 
     def _verify_sampled(self, items: list[tuple[Request, int, torch.Tensor]]) -> dict:
         """Rejection sampling for every verifying request of a step at once, on the device (chapter 03's
