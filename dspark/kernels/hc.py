@@ -24,8 +24,8 @@ from ..model.layers import is_batch_invariant
 from ..model.mhc import register_post
 
 # %% auto #0
-__all__ = ['SPLIT_MIX_ROWS', 'ROWS_MIX', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused',
-           'hc_post_fused_into', 'hc_post_head_fused', 'hc_variants_check', 'hc_rows_check']
+__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused', 'hc_post_fused_into',
+           'hc_post_head_fused', 'hc_variants_check']
 
 # %% ../../nbs/14_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
@@ -72,23 +72,6 @@ def _hc_mix_kernel(x_ptr, fn_ptr, part_ptr, K, M, S, BLOCK_M: tl.constexpr, BLOC
     out = part_ptr + (t * S + s) * (M + 1)
     tl.store(out + m, tl.sum(w * xv[None, :], 1), mask=m < M)
     tl.store(out + M, tl.sum(xv * xv, 0))
-
-@triton.jit
-def _hc_mix_rows_kernel(x_ptr, fn_ptr, part_ptr, N, K, M, S, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
-    """Program (n, s): `_hc_mix_kernel`'s partial rows for `BLOCK_N` tokens at once, as one fp32 product (IEEE: no
-    tensor-core rounding) of their slice s against every mix row: the mix rows' slice is read once for all of them."""
-    n, s = tl.program_id(0), tl.program_id(1)
-    t = n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = s * BLOCK_K + tl.arange(0, BLOCK_K)
-    tm, km = t < N, k < K
-    xv = tl.load(x_ptr + t[:, None].to(tl.int64) * K + k[None, :], mask=tm[:, None] & km[None, :], other=0.0).to(tl.float32)
-    m = tl.arange(0, BLOCK_M)
-    w = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=(m < M)[:, None] & km[None, :], other=0.0).to(tl.float32)
-    part = tl.dot(xv, tl.trans(w), input_precision="ieee")                  # [BLOCK_N, BLOCK_M]
-    out = part_ptr + (t[:, None].to(tl.int64) * S + s) * (M + 1)
-    tl.store(out + m[None, :], part, mask=tm[:, None] & (m < M)[None, :])
-    tl.store(part_ptr + (t.to(tl.int64) * S + s) * (M + 1) + M, tl.sum(xv * xv, 1), mask=tm)
 
 @triton.jit
 def _mix_at(row_ptr, idx, mask, S, stride, S_P: tl.constexpr):
@@ -172,24 +155,20 @@ def _check(name: str, x: torch.Tensor, hc: int, **params: tuple[torch.Tensor, tu
             raise ValueError(f"{name}: {what} must have shape {tuple(want)} for x {tuple(x.shape)}, got {tuple(t.shape)}")
         if t.device != x.device: raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
 
-SPLIT_MIX_ROWS = 64     # up to this many tokens, the mixes come from the split kernel; above it, from the rows kernel
-ROWS_MIX = True         # whether the rows kernel serves (`hc_rows_check` turns it off where it disagrees): else the GEMM
+SPLIT_MIX_ROWS = 64     # up to this many tokens, the mixes come from the split kernel; above it, from one GEMM
 
 def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, block_d: int | None, num_warps: int,
               split: bool | None = None, block_k: int = 256):
-    """The mixes, then one launch: `(y, post, comb)` (post and comb only with `mixes`). The mixes come in `block_k`
-    partial slices from the split kernel (one program per token and slice) up to `SPLIT_MIX_ROWS` tokens and from the
-    rows kernel (32 tokens a program) above, by default (`split=None`); `split=True` forces the split kernel, and
-    `split=False` takes one fp32 GEMM of the streams cast to fp32 instead (an fp32 copy of the streams and cuBLAS's
-    fp32 kernel: ~1 ms a call at a 4,096-token prefill of V4-Flash width on an H100, profile `v4_flash_profile`)."""
+    """The mixes, then one launch: `(y, post, comb)` (post and comb only with `mixes`). The mixes come from the
+    split kernel (one program per token and `block_k`-slice; `split=None` picks it up to `SPLIT_MIX_ROWS` tokens) or
+    from one fp32 GEMM of the streams cast to fp32 (three launches at a decode's few rows, one at a prefill's)."""
     _fast_path_only(name)
     hc, D = cfg.hc_mult, x.shape[-1]
     rows = (2 + hc) * hc if mixes else hc
     _check(name, x, hc, fn=(fn, (rows, hc * D)), base=(base, (rows,)), scale=(scale, (3 if mixes else 1,)))
     lead, xs, bd = x.shape[:-2], x.reshape(-1, hc, D).contiguous(), _block(D, 1024, block_d)
     N, bk = xs.shape[0], _block(block_k, 1 << 30, block_k)
-    rows_kernel = split is None and N > SPLIT_MIX_ROWS and ROWS_MIX
-    split = (N <= SPLIT_MIX_ROWS or ROWS_MIX) if split is None else split
+    split = N <= SPLIT_MIX_ROWS if split is None else split
     y = torch.empty(N, D, dtype=x.dtype, device=x.device)
     post = torch.empty(N, hc, dtype=torch.float32, device=x.device)
     comb = torch.empty(N, hc, hc, dtype=torch.float32, device=x.device)
@@ -197,12 +176,8 @@ def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, bloc
     if split:
         S = triton.cdiv(hc * D, bk)
         mix = torch.empty(N, S, rows + 1, dtype=torch.float32, device=x.device)   # partial mixes, then sum of squares
-        if rows_kernel:
-            launch(_hc_mix_rows_kernel, (triton.cdiv(N, 32), S), xs, fn.float().contiguous(), mix, N, hc * D, rows, S,
-                   BLOCK_N=32, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_K=bk, num_warps=4)
-        else:
-            launch(_hc_mix_kernel, (N, S), xs, fn.float().contiguous(), mix, hc * D, rows, S,
-                   BLOCK_M=triton.next_power_of_2(rows), BLOCK_K=bk, num_warps=num_warps)
+        launch(_hc_mix_kernel, (N, S), xs, fn.float().contiguous(), mix, hc * D, rows, S,
+               BLOCK_M=triton.next_power_of_2(rows), BLOCK_K=bk, num_warps=num_warps)
         stride = rows + 1
     else:
         mix, S, stride = F.linear(xs.view(N, hc * D).float(), fn.float()), 1, rows   # [N, rows] fp32
@@ -370,28 +345,6 @@ def hc_variants_check(device: str | torch.device, dtype: torch.dtype = torch.bfl
             return f"hc_post_head_fused differs from hc_head_fused(hc_post_fused(...)) in {dtype} on {device}"
         if not (tap - want.float().mean(-2)).abs().max().item() <= 1e-5 * want.float().abs().max().item() + 1e-6:
             return f"hc_post_head_fused's tap differs from the streams' mean in {dtype} on {device}"
-    except Exception as e:                                      # a compiler or launch error on this device
-        return f"{type(e).__name__}: {str(e)[:300]}"
-    return None
-
-
-def hc_rows_check(device: str | torch.device, dtype: torch.dtype = torch.bfloat16, D: int = 320, seed: int = 0) -> str | None:
-    """`hc_pre_fused` over more than `SPLIT_MIX_ROWS` tokens (the rows kernel) on `device` against the fp32 GEMM's mixes
-    (`split=False`): None when y, post and comb agree within fp32 summation order (y within one rounding of `dtype`),
-    else what went wrong; the fast path keeps the GEMM (`ROWS_MIX = False`) then."""
-    from dspark.config import preset
-    cfg = preset("tiny")
-    hc, g = cfg.hc_mult, torch.Generator().manual_seed(seed)
-    try:
-        x = torch.randn(SPLIT_MIX_ROWS + 37, hc, D, generator=g).to(device, dtype)
-        fn = (torch.randn((2 + hc) * hc, hc * D, generator=g) / (hc * D) ** 0.5).to(device)
-        base, scale = (0.5 * torch.randn((2 + hc) * hc, generator=g)).to(device), (torch.rand(3, generator=g) + 0.5).to(device)
-        got = _collapse("hc_pre_fused", x, fn, base, scale, cfg, True, None, 4, None) if ROWS_MIX else None
-        want = hc_pre_fused(x, fn, base, scale, cfg, split=False)
-        for name, a, b in zip(("y", "post", "comb"), got or want, want):
-            tol = (2 ** -7 if name == "y" and dtype != torch.float32 else 1e-4) * b.float().abs().max().item() + 1e-6
-            if not (a.float() - b.float()).abs().max().item() <= tol:
-                return f"the rows kernel's {name} differs from the GEMM path's in {dtype} on {device}"
     except Exception as e:                                      # a compiler or launch error on this device
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None

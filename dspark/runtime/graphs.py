@@ -131,12 +131,9 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
         for blk in getattr(model, "layers", []):
             attn = getattr(blk, "attn", None)
             if isinstance(attn, Attention): stack_linears(attn, x_linears(attn))
-    from dspark.kernels import hc as kernels_hc
     from dspark.kernels.hc import hc_head_fused, hc_post_fused, hc_pre_fused, hc_variants_check
     if (why := hc_variants_check(w.device, w.dtype)) is not None:   # chapter 4a's in-place and fused-final variants
         unregister_post(hc_post_fused); log.warning("mHC buffer reductions off on this device: %s", why)
-    if kernels_hc.ROWS_MIX and (why := kernels_hc.hc_rows_check(w.device, w.dtype)) is not None:   # chapter 14
-        kernels_hc.ROWS_MIX = False; log.warning("mHC mixes of many tokens stay one fp32 GEMM on this device: %s", why)
     return hc_pre_fused, hc_post_fused, hc_head_fused
 
 # %% ../../nbs/22_cuda_graphs.ipynb #8167e152
