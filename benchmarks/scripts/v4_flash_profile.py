@@ -10,7 +10,8 @@ reports the kernels inside the replays; without it the eager step runs, kernel b
     python benchmarks/scripts/v4_flash_profile.py --prefill 4096 [--layers 2]   # $OUT/v4_flash_profile_prefill.json
 
 `--prefill N`: the kernels of one N-token prefill instead (its first token included), each kernel's µs and achieved
-share of the prefill's time, beside its wall time and the FLOPs of its linears.
+share of the prefill's time, beside its wall time. It always builds the graphs, as the server does: an engine without
+them runs its eager steps with the reference mHC (record `prefill_rows_mix` profiled that path by mistake).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def main(a) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import dspark
     llm = dspark.LLM(model="deepseek-v4-flash", load_format="dummy", quantization="auto",
-                     hf_overrides={"num_hidden_layers": a.layers}, device="cuda", dtype="bfloat16", enforce_eager=not a.graphs,
+                     hf_overrides={"num_hidden_layers": a.layers}, device="cuda", dtype="bfloat16",
+                     enforce_eager=not (a.graphs or a.prefill),
                      max_model_len=max(4096, a.prefill + 64), max_num_seqs=4, max_num_batched_tokens=max(1024, a.prefill),
                      gpu_memory_utilization=0.92, enable_prefix_caching=False)
     sp = lambda m: dspark.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
