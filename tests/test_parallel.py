@@ -50,7 +50,7 @@ def _perturb_logits(llm):
     "On rank 1 only: noisy target logits, so rank 1 samples and accepts different tokens than rank 0 would."
     if llm.rank != 1 or getattr(llm.runner, "perturbed", False): return
     forward = llm.runner.forward
-    llm.runner.forward = lambda *a: [lg + 10 * torch.randn_like(lg) for lg in forward(*a)]
+    llm.runner.forward = lambda *a, **k: [lg + 10 * torch.randn_like(lg) for lg in forward(*a, **k)]
     llm.runner.perturbed = True
 
 
