@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/memory.html.md"""
 # %% ../../nbs/22c_memory.ipynb #132f98d4
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,8 +67,8 @@ def step_peak_bytes(model, forward: Callable, tokens: int, max_model_len: int, b
     torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     feats: list[torch.Tensor] = []
-    left = tokens if logit_rows is None else min(tokens, logit_rows)
-    rows = [min(n, left - sum(lens[:i])) if left > sum(lens[:i]) else 0 for i, n in enumerate(lens)]
+    left = tokens if logit_rows is None else min(tokens, logit_rows)   # the first sequences' rows, as many as that
+    rows = [min(n, max(0, left - a)) for n, a in zip(lens, itertools.accumulate(lens, initial=0))]
     forward(model, cache, chunks, [SeqView(t, t, i, 0) for i, t in enumerate(tables)], taps, feats, rows=rows)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
@@ -168,7 +169,7 @@ def reduction_estimates(cfg, step_tokens: int, graph_sizes: list[int] = (), draf
             "shared_logits": (sum(graph_sizes) - rows) * V * 4,
             "graph_draft_q": 2 * sum(draft_sizes) * gamma * V * 4 if gamma else 0,
             "skip_mtp_staging": sum(stream(n) for n in graph_sizes),
-            "sampled_logits": max(0, step_tokens - (step_tokens if sampled_rows is None else sampled_rows)) * V * 4}
+            "sampled_logits": 0 if sampled_rows is None else max(0, step_tokens - sampled_rows) * V * 4}
 
 def kv_tokens_for(nbytes: int, cfg, elem_bytes: int = 2, fp8: bool = False) -> int:
     "KV tokens `nbytes` of memory hold (`kv_bytes_per_token`: the compressed entries and indexer keys of every layer)."
