@@ -40,9 +40,47 @@ def _fp4_tile(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, ASM: tl.c
     return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 @triton.jit
+def _fp4_tile_bf16(byte, sb, BN: tl.constexpr):
+    """`_fp4_tile`'s bf16 halves from loaded bytes `[BN, 64]` and scale bytes `[BN, 4]`, in bf16 pairs throughout
+    (sm_90 PTX): each E2M1 code placed in a bf16's sign, low exponent and top mantissa bits is its value times
+    2^-126 (codes 0 and 1 subnormal, as wanted); one `mul.rn.bf16x2` by 2^126 makes it the value, one more by the
+    group's scale 2^(s - 127) the product. Both are powers of two, so the result is exact wherever bf16 can hold it,
+    as `_fp4_tile`'s fp32 product cast to bf16 is: the same bits, with fewer instructions a value (no round trip
+    through fp32). Scale byte 0 (2^-127) is bf16's subnormal 0x0040."""
+    b = sb.to(tl.int32) & 0xFF
+    m = tl.where(b == 0, 0x40, b << 7)                     # 2^(s - 127) as bf16 bits
+    m = tl.reshape(tl.broadcast_to(tl.reshape(m | (m << 16), (BN, 4, 1)), (BN, 4, 16)), (BN, 64))
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 t, u, v, w, z, s, c;
+        mov.b32 z, 0;
+        mov.b32 c, 0x7E807E80;
+        prmt.b32 t, $4, z, 0x4140;
+        prmt.b32 s, $5, $6, 0x5410;
+        shl.b32 u, t, 12; and.b32 u, u, 0x80008000; shl.b32 v, t, 6; and.b32 v, v, 0x01C001C0; or.b32 u, u, v;
+        mul.rn.bf16x2 w, u, c; mul.rn.bf16x2 $0, w, s;
+        shl.b32 u, t, 8; and.b32 u, u, 0x80008000; shl.b32 v, t, 2; and.b32 v, v, 0x01C001C0; or.b32 u, u, v;
+        mul.rn.bf16x2 w, u, c; mul.rn.bf16x2 $2, w, s;
+        prmt.b32 t, $4, z, 0x4342;
+        prmt.b32 s, $7, $8, 0x5410;
+        shl.b32 u, t, 12; and.b32 u, u, 0x80008000; shl.b32 v, t, 6; and.b32 v, v, 0x01C001C0; or.b32 u, u, v;
+        mul.rn.bf16x2 w, u, c; mul.rn.bf16x2 $1, w, s;
+        shl.b32 u, t, 8; and.b32 u, u, 0x80008000; shl.b32 v, t, 2; and.b32 v, v, 0x01C001C0; or.b32 u, u, v;
+        mul.rn.bf16x2 w, u, c; mul.rn.bf16x2 $3, w, s;
+        }""",
+        "=r,=r,=r,=r,r,r,r,r,r", [byte, m], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+@triton.jit
+def _fp4_half_tiles(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, ASM: tl.constexpr, BF16: tl.constexpr):
+    "`_fp4_tile`, or with BF16 (and ASM, off the interpreter) `_fp4_tile_bf16` on the same loads."
+    if BF16:
+        return _fp4_tile_bf16(tl.load(w_ptrs, mask=rm[:, None], other=0), tl.load(s_ptrs, mask=rm[:, None], other=127), BN)
+    return _fp4_tile(w_ptrs, s_ptrs, rm, BN, F32, ASM)
+
+@triton.jit
 def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
                         UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr):
+                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr, BF16: tl.constexpr = False):
     """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
     of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
     pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
@@ -51,7 +89,7 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
     JOIN: the weight tile's two nibble halves are joined back into input order and met by the activations' contiguous
     `[BM, 128]` tile in one product (else two products on the even and odd inputs, loaded with a stride of two).
     TILE_FIRST: program id 0 numbers the output tile, so the programs that run together share their block's
-    activation rows in L2."""
+    activation rows in L2. BF16: the weight tile is decoded in bf16 pairs (`_fp4_tile_bf16`; JOIN and ASM only)."""
     b, t = (tl.program_id(1), tl.program_id(0)) if TILE_FIRST else (tl.program_id(0), tl.program_id(1))
     e = tl.load(bexp_ptr + b).to(tl.int64)
     if e < 0: return                                       # a block past the last expert's: nothing to do
@@ -74,14 +112,16 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
             a_even = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :], mask=pm[:, None], other=0.0)
             a_odd = tl.load(a_ptr + arow[:, None] * K + k0 + 2 * j[None, :] + 1, mask=pm[:, None], other=0.0)
             if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
-        lo, hi = _fp4_tile(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, ASM)
+        lo, hi = _fp4_half_tiles(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :],
+                                 rm, BN, F32, ASM, BF16)
         if JOIN: acc = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc)
         else:
             acc = tl.dot(a_even, tl.trans(lo), acc)
             acc = tl.dot(a_odd, tl.trans(hi), acc)
         if UP:                                             # the matching rows of w3, NOUT rows further on
-            lo, hi = _fp4_tile(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
-                               s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32, ASM)
+            lo, hi = _fp4_half_tiles(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
+                                     s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32,
+                                     ASM, BF16)
             if JOIN: acc2 = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc2)
             else:
                 acc2 = tl.dot(a_even, tl.trans(lo), acc2)
@@ -132,6 +172,8 @@ class GroupedTiles(NamedTuple):
     stages_down: int = 3
     join: bool = False          # `_fp4_grouped_kernel`'s JOIN
     tile_first: bool = False    # and its TILE_FIRST
+    bf16: bool = False          # and its BF16 (with join, on a GPU): off until a GPU run (fp4_bf16_gpu.py) shows the
+                                # same bits and a gain
 
 def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm: int = FP4_BM,
                     bn_down: int = FP4_BN_DOWN, asm: bool = True, tiles: GroupedTiles | None = None) -> torch.Tensor:
@@ -149,13 +191,14 @@ def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm:
     h = torch.empty(P, I, dtype=torch.bfloat16, device=x.device)
     wt = weights.reshape(-1).float()
     asm = asm and not _INTERPRETED
+    bf16 = c.bf16 and c.join and asm
     grid = lambda n, bn: (triton.cdiv(n, bn), bexp.numel()) if c.tile_first else (bexp.numel(), triton.cdiv(n, bn))
     launch(_fp4_grouped_kernel, grid(I, FP4_BN_UP), xq, k, rows, bexp, wt, st.w13, st.s13.view(torch.uint8), h, D, I,
            I, float(limit), UP=True, BM=c.bm, BN=FP4_BN_UP, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
-           TILE_FIRST=c.tile_first, num_warps=c.warps_up, num_stages=c.stages_up)
+           TILE_FIRST=c.tile_first, BF16=bf16, num_warps=c.warps_up, num_stages=c.stages_up)
     launch(_fp4_grouped_kernel, grid(D, c.bn_down), h, 1, rows, bexp, wt, st.w2, st.s2.view(torch.uint8), y, I, D, I,
            float(limit), UP=False, BM=c.bm, BN=c.bn_down, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
-           TILE_FIRST=c.tile_first, num_warps=c.warps_down, num_stages=c.stages_down)
+           TILE_FIRST=c.tile_first, BF16=bf16, num_warps=c.warps_down, num_stages=c.stages_down)
     return y.view(N, k, D).sum(1)
 
 FP4_SMALL_PAIRS = 384     # up to 64 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
@@ -210,6 +253,8 @@ def fp4_moe_check(device: str | torch.device, dim: int = 256, inter: int = 128, 
             err, tol = (y - y_ref).abs().max().item(), 2e-2 * max(1e-30, y_ref.abs().max().item())
             if not err <= tol:
                 return f"fp4_moe_grouped with {c} differs from the reference by {err:.3g} on {device} (tolerance {tol:.3g})"
+            if c.bf16 and not torch.equal(y, fp4_moe_grouped(x, weights, idx, st, first, limit, tiles=c._replace(bf16=False))):
+                return f"fp4_moe_grouped's bf16 decode gives other bits than its fp32 decode with {c} on {device}"
     except Exception as e:                              # a compiler or launch error on this device: keep the loop
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None
