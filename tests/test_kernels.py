@@ -21,7 +21,7 @@ from dspark.kernels.attention import (batch_meta, indexer_scores, indexer_topk, 
 from dspark.kernels.fused import attend_batch, qkv_rope_insert_, qkv_rope_insert_ref
 from dspark.cache.kv_cache import CacheConfig, PagedKVCache, SeqView, attend_cached, forward_cached
 from dspark.config import preset
-from dspark.model.layers import rope_cos_sin, rope_inv_freq
+from dspark.model.layers import apply_rope, rope_cos_sin, rope_inv_freq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-5   # fp32 max abs error (observed ~1e-6)
@@ -305,3 +305,21 @@ def test_attention_backend_is_checked(tmp_path):
     ck = dspark.make_tiny_checkpoint(tmp_path / "ck", seed=0, drafter=None)
     with pytest.raises(ValueError, match="attention_backend"):
         dspark.LLM(ck, attention_backend="flash", kv_cache_memory_bytes=16 * 2**20)
+
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                     (torch.float32, torch.float32)])
+def test_attention_output_rotates_back_into_its_dtype_as_rotating_then_casting(src, dst):
+    """`Attention.output` (the inverse RoPE at prefill, cast into the projection's dtype once): bit for bit the
+    projection of `apply_rope(o, cos, -sin).to(dtype)`, with `o` untouched."""
+    from dspark.model.attention import Attention
+    cfg = preset("tiny")
+    torch.manual_seed(2)
+    attn = Attention(cfg, 0).to(dst)
+    cos, sin = rope_cos_sin(rope_inv_freq(cfg, compressed=False), torch.tensor([[5, 0, 40]]))
+    o = torch.randn(1, 3, cfg.num_attention_heads, cfg.head_dim).to(src)
+    before = o.clone()
+    got = attn.output(o, cos, sin, dst)
+    want = attn.project_out(apply_rope(o, cos.unsqueeze(-2), -sin.unsqueeze(-2)).to(dst))
+    assert got.dtype == dst and torch.equal(got, want) and torch.equal(o, before)
