@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dspark.kernels import fp4_grouped as G
 from dspark.kernels.fp4_moe import FP4Stack, fp4_moe_small
+from fp8_kernels_gpu import graph_us  # one CUDA graph of the calls, replayed between two events
 
 D, I, E, K, LIMIT = 4096, 2048, 256, 6, 10.0
 
@@ -25,24 +27,6 @@ def setup(N: int, g: torch.Generator, lo: int = 118, hi: int = 122):
     x = torch.randn(N, D, device="cuda", generator=g).bfloat16()
     idx = torch.rand(N, E, device="cuda", generator=g).argsort(-1)[:, :K]
     return x, torch.rand(N, K, device="cuda", generator=g), idx, st
-
-
-def graph_us(fn, reps: int = 20) -> float:
-    "Median µs of one replay of `fn` captured in a CUDA graph."
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(); fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g): fn()
-    g.replay(); torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return sorted(ts)[len(ts) // 2]
 
 
 def touched_bytes(idx: torch.Tensor, st: FP4Stack) -> int:
@@ -80,7 +64,7 @@ def main(a):
         if P <= 4 * G.FP4_SMALL_PAIRS: cases["gemv"] = lambda: fp4_moe_small(x, w, idx, st, 0, LIMIT)
         for k, fn in cases.items():
             try:
-                us = graph_us(fn)
+                us = graph_us([fn], reps=20)
                 row[k + "_us"], row[k + "_TB_s"] = round(us, 1), round(touched_bytes(idx, st) / us / 1e6, 3)
             except Exception as e:
                 row[k + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
