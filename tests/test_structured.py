@@ -119,3 +119,12 @@ def test_choice_and_regex_are_honoured():
     outs = llm.generate(["x"] * 8, [SamplingParams(temperature=1.0, max_tokens=8, seed=s, structured_outputs={"regex": "[0-9]{3}"})
                                     for s in range(8)], use_tqdm=False)
     assert all(len(o.outputs[0].text) == 3 and o.outputs[0].text.isdigit() for o in outs)
+
+
+def test_a_choice_of_many_strings_is_honoured():
+    "20,000 choices: one lexer terminal, not 20,000 parser alternatives (which overflow llguidance's Earley row)."
+    choices = [f"opt{i}" for i in range(20000)]
+    llm = LLM(max_num_seqs=4)
+    outs = llm.generate(["x"] * 4, [SamplingParams(temperature=1.0, max_tokens=16, seed=s, structured_outputs={"choice": choices})
+                                    for s in range(4)], use_tqdm=False)
+    assert all(o.outputs[0].text in choices and o.outputs[0].finish_reason == "stop" for o in outs)

@@ -35,7 +35,9 @@ def _compile(kind: str, text: str) -> str:
     elif kind == "choice":
         if not isinstance(v, list) or not v or not all(isinstance(c, str) and c for c in v):
             raise ValueError("choice must be a non-empty list of non-empty strings")
-        g = llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in v))
+        # one terminal: the lexer matches the strings, so the parser holds one item however many there are (as
+        # alternatives of a rule, 2,000 choices overflow an Earley row at the first token)
+        g = llg.LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in v))
     else:
         if not isinstance(v, str): raise ValueError("grammar must be a string (Lark, or GBNF with `::=` rules)")
         g = llg.LLMatcher.grammar_from_lark(gbnf_to_lark(v) if "::=" in v else v)
