@@ -80,8 +80,7 @@ def _fp4_half_tiles(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, ASM
 @triton.jit
 def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
                         UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr, BF16: tl.constexpr = False,
-                        SWAP: tl.constexpr = False):
+                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr, BF16: tl.constexpr = False):
     """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
     of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
     pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
@@ -90,11 +89,7 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
     JOIN: the weight tile's two nibble halves are joined back into input order and met by the activations' contiguous
     `[BM, 128]` tile in one product (else two products on the even and odd inputs, loaded with a stride of two).
     TILE_FIRST: program id 0 numbers the output tile, so the programs that run together share their block's
-    activation rows in L2. BF16: the weight tile is decoded in bf16 pairs (`_fp4_tile_bf16`; JOIN and ASM only).
-    SWAP (JOIN only): each product is the transposed one, weight tile `[BN, 128]` times activations `[128, BM]`, so
-    the operand decoded in registers is the tensor cores' first, which sm_90's wgmma reads from registers (the second
-    it reads from shared memory, where the weight tile would otherwise be written and read back); the accumulators
-    are `[BN, BM]` and are transposed once, after the loop."""
+    activation rows in L2. BF16: the weight tile is decoded in bf16 pairs (`_fp4_tile_bf16`; JOIN and ASM only)."""
     b, t = (tl.program_id(1), tl.program_id(0)) if TILE_FIRST else (tl.program_id(0), tl.program_id(1))
     e = tl.load(bexp_ptr + b).to(tl.int64)
     if e < 0: return                                       # a block past the last expert's: nothing to do
@@ -107,12 +102,8 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
     j = tl.arange(0, 64)
     w_rows = w_ptr + (e * (2 * NOUT if UP else NOUT) + n) * (K // 2)
     s_rows = s_ptr + (e * (2 * NOUT if UP else NOUT) + n) * (K // 32)
-    if SWAP:
-        acc = tl.zeros([BN, BM], tl.float32)
-        acc2 = tl.zeros([BN, BM], tl.float32)
-    else:
-        acc = tl.zeros([BM, BN], tl.float32)
-        acc2 = tl.zeros([BM, BN], tl.float32)
+    acc = tl.zeros([BM, BN], tl.float32)
+    acc2 = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, 128):
         if JOIN:
             a = tl.load(a_ptr + arow[:, None] * K + k0 + tl.arange(0, 128)[None, :], mask=pm[:, None], other=0.0)
@@ -123,8 +114,7 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
             if F32: a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
         lo, hi = _fp4_half_tiles(w_rows[:, None] + k0 // 2 + j[None, :], s_rows[:, None] + k0 // 32 + tl.arange(0, 4)[None, :],
                                  rm, BN, F32, ASM, BF16)
-        if SWAP: acc = tl.dot(tl.reshape(tl.join(lo, hi), (BN, 128)), tl.trans(a), acc)
-        elif JOIN: acc = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc)
+        if JOIN: acc = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc)
         else:
             acc = tl.dot(a_even, tl.trans(lo), acc)
             acc = tl.dot(a_odd, tl.trans(hi), acc)
@@ -132,12 +122,10 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
             lo, hi = _fp4_half_tiles(w_rows[:, None] + NOUT * (K // 2) + k0 // 2 + j[None, :],
                                      s_rows[:, None] + NOUT * (K // 32) + k0 // 32 + tl.arange(0, 4)[None, :], rm, BN, F32,
                                      ASM, BF16)
-            if SWAP: acc2 = tl.dot(tl.reshape(tl.join(lo, hi), (BN, 128)), tl.trans(a), acc2)
-            elif JOIN: acc2 = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc2)
+            if JOIN: acc2 = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BN, 128))), acc2)
             else:
                 acc2 = tl.dot(a_even, tl.trans(lo), acc2)
                 acc2 = tl.dot(a_odd, tl.trans(hi), acc2)
-    if SWAP: acc, acc2 = tl.trans(acc), tl.trans(acc2)
     pid = tl.where(pm, pair, 0).to(tl.int64)
     if UP:
         wt = tl.load(wt_ptr + pid, mask=pm, other=0.0).to(tl.float32)
@@ -186,7 +174,6 @@ class GroupedTiles(NamedTuple):
     tile_first: bool = False    # and its TILE_FIRST
     bf16: bool = False          # and its BF16 (with join, on a GPU): off until a GPU run (fp4_bf16_gpu.py) shows the
                                 # same bits and a gain
-    swap: bool = False          # and its SWAP (with join): off until a GPU run (fp4_bf16_gpu.py) shows a gain
 
 def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm: int = FP4_BM,
                     bn_down: int = FP4_BN_DOWN, asm: bool = True, tiles: GroupedTiles | None = None) -> torch.Tensor:
@@ -208,10 +195,10 @@ def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm:
     grid = lambda n, bn: (triton.cdiv(n, bn), bexp.numel()) if c.tile_first else (bexp.numel(), triton.cdiv(n, bn))
     launch(_fp4_grouped_kernel, grid(I, FP4_BN_UP), xq, k, rows, bexp, wt, st.w13, st.s13.view(torch.uint8), h, D, I,
            I, float(limit), UP=True, BM=c.bm, BN=FP4_BN_UP, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
-           TILE_FIRST=c.tile_first, BF16=bf16, SWAP=c.swap and c.join, num_warps=c.warps_up, num_stages=c.stages_up)
+           TILE_FIRST=c.tile_first, BF16=bf16, num_warps=c.warps_up, num_stages=c.stages_up)
     launch(_fp4_grouped_kernel, grid(D, c.bn_down), h, 1, rows, bexp, wt, st.w2, st.s2.view(torch.uint8), y, I, D, I,
            float(limit), UP=False, BM=c.bm, BN=c.bn_down, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
-           TILE_FIRST=c.tile_first, BF16=bf16, SWAP=c.swap and c.join, num_warps=c.warps_down, num_stages=c.stages_down)
+           TILE_FIRST=c.tile_first, BF16=bf16, num_warps=c.warps_down, num_stages=c.stages_down)
     return y.view(N, k, D).sum(1)
 
 FP4_SMALL_PAIRS = 384     # up to 64 tokens of top-6: the GEMV launches; beyond, the grouped ones (H100 sweep)
