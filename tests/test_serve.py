@@ -51,6 +51,8 @@ def post(server, path, body=None, key=KEY, **kw):
 def test_models_health_version(server, client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny"] and models[0].max_model_len == MAX_LEN
+    assert client.models.retrieve("tiny").id == "tiny"                    # GET /v1/models/{model}
+    with pytest.raises(openai.NotFoundError, match="does not exist"): client.models.retrieve("org/other")
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/version").json()["version"]
 

@@ -273,11 +273,17 @@ def build_app(engine: AsyncEngine, sc: ServerConfig, limits: BodyLimits | None =
         events = sse_events(streams, render, chunk, lens, body.stream_options, opening, reasoning_tokens)
         return stream_response(events, rid)
 
+    card = lambda: {"id": sc.served_model_name, "object": "model", "created": created, "owned_by": "dspark",
+                    "root": sc.served_model_name, "parent": None, "max_model_len": llm.max_model_len}
+
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
-    async def models():
-        return {"object": "list", "data": [{"id": sc.served_model_name, "object": "model", "created": created,
-                                            "owned_by": "dspark", "root": sc.served_model_name, "parent": None,
-                                            "max_model_len": llm.max_model_len}]}
+    async def models(): return {"object": "list", "data": [card()]}
+
+    @app.api_route("/v1/models/{model:path}", methods=["GET", "HEAD"])
+    async def model(model: str):                     # the openai client's `models.retrieve` (ids may hold slashes)
+        if model != sc.served_model_name:
+            raise APIError(404, f"The model `{model}` does not exist (this server serves `{sc.served_model_name}`)", "model")
+        return card()
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
