@@ -2,12 +2,11 @@
 same launches decoding through fp32, and against the GEMV launches of chapter 18b, at V4-Flash's experts (D 4096,
 I 2048, 256 experts, top-6, random routing) from 16 to 4,096 tokens: each path's µs inside a CUDA graph, the bytes of
 the experts it touches over that time, and whether the bf16 decode gives the same bits (it must: both make each
-weight value times its power-of-two scale exactly). A second case draws scale bytes over the whole E8M0 range. Up to
-1,536 pairs the GEMV launches run too, as shipped and with their next tile's loads issued ahead (`GemvTiles.prefetch`).
+weight value times its power-of-two scale exactly). A second case draws scale bytes over the whole E8M0 range.
 
-    OUT=. python benchmarks/scripts/fp4_bf16_gpu.py [--tokens 16 64 256 384 1024 4096] [--quick | --gemv]   # $OUT/fp4_bf16.json
+    OUT=. python benchmarks/scripts/fp4_bf16_gpu.py [--tokens 16 64 256 384 1024 4096] [--quick]   # $OUT/fp4_bf16.json
 """
-import argparse, dataclasses, json, os, sys
+import argparse, json, os, sys
 from pathlib import Path
 
 import torch
@@ -15,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dspark.kernels import fp4_grouped as G
-from dspark.kernels.fp4_moe import FP4_GEMV, FP4Stack, fp4_moe_small
+from dspark.kernels.fp4_moe import FP4Stack, fp4_moe_small
 from fp8_kernels_gpu import graph_us  # one CUDA graph of the calls, replayed between two events
 
 D, I, E, K, LIMIT = 4096, 2048, 256, 6, 10.0
@@ -41,21 +40,19 @@ def main(a):
     path = Path(os.environ.get("OUT", "/tmp"), "fp4_bf16.json")
     save = lambda: path.write_text(json.dumps(out, indent=1) + "\n")
     g = torch.Generator(device="cuda").manual_seed(0)
-    if not a.gemv:
-        x, w, idx, st = setup(64, g, 0, 255)                          # every scale byte but NaN's
-        ys = [G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=G.FP4_TILES_MID._replace(bf16=b)) for b in (False, True)]
-        out["whole_scale_range_equal"] = bool(torch.allclose(ys[0], ys[1], rtol=0, atol=0, equal_nan=True))
+    x, w, idx, st = setup(64, g, 0, 255)                              # every scale byte but NaN's
+    ys = [G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=G.FP4_TILES_MID._replace(bf16=b)) for b in (False, True)]
+    out["whole_scale_range_equal"] = bool(torch.allclose(ys[0], ys[1], rtol=0, atol=0, equal_nan=True))
     print(json.dumps(out), flush=True)
     for N in a.tokens:
         x, w, idx, st = setup(N, g)
         P = idx.numel()
         base = G.FP4_TILES_DENSE if P >= G.FP4_DENSE_PAIRS * E else G.FP4_TILES_MID
-        fp32 = base._replace(bf16=False)                              # the shipped tiles decode in bf16 pairs
         row = {"tokens": N, "pairs": P, "touched_GB": round(touched_bytes(idx, st) / 1e9, 3)}
-        ref = None if a.gemv else G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=fp32)
+        ref = G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=base)
         cases = {"shipped": lambda: G.fp4_moe(x, w, idx, st, 0, LIMIT),
-                 "grouped_fp32": lambda: G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=fp32)}
-        variants = () if a.gemv else ((base.bm, base.warps_up, base.warps_down),) + (() if a.quick else ((16, 4, 4), (32, 4, 4), (64, 8, 8)))
+                 "grouped_fp32": lambda: G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=base)}
+        variants = ((base.bm, base.warps_up, base.warps_down),) + (() if a.quick else ((16, 4, 4), (32, 4, 4), (64, 8, 8)))
         for bm, wu, wd in variants:
             t = base._replace(bm=bm, warps_up=wu, warps_down=wd, bf16=True)
             if bm > base.bm and base is G.FP4_TILES_MID: continue
@@ -64,16 +61,7 @@ def main(a):
             row[key + "_equal"] = bool(torch.equal(y, ref)) if t.bm == base.bm else \
                 round(((y - ref).abs().max() / ref.abs().max()).item(), 9)
             cases[key] = (lambda t=t: G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=t))
-        if P <= 4 * G.FP4_SMALL_PAIRS:
-            cases["gemv"] = lambda: fp4_moe_small(x, w, idx, st, 0, LIMIT)
-            y0 = fp4_moe_small(x, w, idx, st, 0, LIMIT)
-            for kc in (None, 128, 512):                  # the GEMV with its next tile's loads issued ahead
-                t = dataclasses.replace(FP4_GEMV, prefetch=True, **({"up_kc": kc, "down_kc": kc} if kc else {}))
-                key, y = f"gemv_prefetch{kc or ''}", fp4_moe_small(x, w, idx, st, 0, LIMIT, t)
-                row[key + "_equal"] = bool(torch.equal(y, y0)) if kc is None else \
-                    round(((y - y0).abs().max() / y0.abs().max()).item(), 9)    # another summation order
-                cases[key] = (lambda t=t: fp4_moe_small(x, w, idx, st, 0, LIMIT, t))
-        if a.gemv: cases = {k: v for k, v in cases.items() if k.startswith("gemv")}
+        if P <= 4 * G.FP4_SMALL_PAIRS: cases["gemv"] = lambda: fp4_moe_small(x, w, idx, st, 0, LIMIT)
         for k, fn in cases.items():
             try:
                 us = graph_us([fn], reps=20)
@@ -88,5 +76,4 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 256, 384, 1024, 4096])
     ap.add_argument("--quick", action="store_true", help="only the shipped tiles' block of pairs with the bf16 decode")
-    ap.add_argument("--gemv", action="store_true", help="only the GEMV launches, without and with PREFETCH")
     main(ap.parse_args())

@@ -26,8 +26,8 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # bf16 tl.dot and inl
 
 # %% auto #0
 __all__ = ['FP4_GEMV', 'FP4Stack', 'stack_fp4_experts', 'local_ids', 'fp4_up_ref', 'fp4_down_ref', 'fp4_moe_ref', 'e4m3',
-           'act_scale_exp', 'pow2', 'e8m0_of', 'e8m0', 'nibbles', 'GemvTiles', 'check_moe_args', 'act_rows', 'fp4_up',
-           'fp4_down', 'fp4_moe_small', 'fp4_case']
+           'act_scale_exp', 'pow2', 'e8m0', 'nibbles', 'GemvTiles', 'check_moe_args', 'act_rows', 'fp4_up', 'fp4_down',
+           'fp4_moe_small', 'fp4_case']
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0005
 @dataclass
@@ -139,15 +139,10 @@ def pow2(e):
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 @triton.jit
-def e8m0_of(byte):
-    "Loaded E8M0 scale bytes (2^(byte - 127)) as fp32, from the bits (byte 0, 2^-127, is subnormal)."
-    b = byte.to(tl.int32) & 0xFF
-    return tl.where(b == 0, 5.877471754111438e-39, (b << 23).to(tl.float32, bitcast=True))
-
-@triton.jit
 def e8m0(s_ptrs, mask):
-    "`e8m0_of` the scale bytes at `s_ptrs` (127, a scale of 1, where `mask` is off)."
-    return e8m0_of(tl.load(s_ptrs, mask=mask, other=127))
+    "E8M0 scale bytes (2^(byte - 127)) as fp32, from the bits (byte 0, 2^-127, is subnormal)."
+    b = tl.load(s_ptrs, mask=mask, other=127).to(tl.int32) & 0xFF
+    return tl.where(b == 0, 5.877471754111438e-39, (b << 23).to(tl.float32, bitcast=True))
 
 @triton.jit
 def nibbles(byte, ASM: tl.constexpr):
@@ -209,38 +204,26 @@ def _pair_expert(idx_ptr, s_in, s_ik, K, first, E):
     return p, n, j, tl.where(inside, e, 0), inside
 
 @triton.jit
-def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr,
-                  PREFETCH: tl.constexpr = False):
+def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
     """`[ROWS]` fp32: FP4 rows `rows` of a stack (`KT` inputs a row) against the `KT` activations at `a_ptr`, already
     `act_quant`ed and back (fp32), `KC` inputs an iteration. Per 32-input group the products are summed, then
-    multiplied by the group's scale (times 2^14, undoing the decode's factor: exact). PREFETCH: each iteration
-    issues the next one's weight and scale loads before it decodes its own, so a program keeps one tile of loads in
-    flight while it computes (the compiler pipelines loads that feed a `tl.dot`, not these)."""
-    jb, js = tl.arange(0, KC // 2), tl.arange(0, KC // 32)
+    multiplied by the group's scale (times 2^14, undoing the decode's factor: exact)."""
+    jb = tl.arange(0, KC // 2)
     w_rows = w_ptr + rows * (KT // 2)
     s_rows = s_ptr + rows * (KT // 32)
     acc = tl.zeros([ROWS], tl.float32)
-    if PREFETCH:
-        byte = tl.load(w_rows[:, None] + jb[None, :], mask=rm[:, None], other=0)
-        sb = tl.load(s_rows[:, None] + js[None, :], mask=rm[:, None], other=127)
     for off in range(0, KT, KC):
-        if PREFETCH:
-            more = rm[:, None] & (tl.zeros([1, 1], tl.int32) + off + KC < KT)     # a block: the interpreter's masks
-            byte_next = tl.load(w_rows[:, None] + (off + KC) // 2 + jb[None, :], mask=more, other=0)
-            sb_next = tl.load(s_rows[:, None] + (off + KC) // 32 + js[None, :], mask=more, other=127)
-        else:
-            byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
-            sb = tl.load(s_rows[:, None] + off // 32 + js[None, :], mask=rm[:, None], other=127)
         ae, ao = tl.load(a_ptr + off + 2 * jb), tl.load(a_ptr + off + 2 * jb + 1)
+        byte = tl.load(w_rows[:, None] + off // 2 + jb[None, :], mask=rm[:, None], other=0)
         lo, hi = nibbles(byte, ASM)
         part = tl.sum(tl.reshape(lo * ae[None, :] + hi * ao[None, :], (ROWS, KC // 32, 16)), 2)
-        acc += tl.sum(part * (e8m0_of(sb) * 16384.0), 1)
-        if PREFETCH: byte, sb = byte_next, sb_next
+        sc = e8m0(s_rows[:, None] + off // 32 + tl.arange(0, KC // 32)[None, :], rm[:, None]) * 16384.0
+        acc += tl.sum(part * sc, 1)
     return acc
 
 @triton.jit
 def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13_ptr, h_ptr, K, D, I, E,
-                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr = False):
+                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
     """Program (pair, block): rows `block · BN …` of the pair's gate (w1) and up (w3) projections, read as `2 · BN`
     interleaved rows of w13 in one pass over D, then the clamped SwiGLU times the routing weight, fp32 into `h`.
     `x` is already `act_quant`ed and back, fp32."""
@@ -250,7 +233,7 @@ def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr
     i = tl.program_id(1) * BN + r // 2
     rows = e * 2 * I + (r % 2) * I + i                 # even r: gate row i; odd r: up row i
     rm = i < tl.where(inside, I, 0)
-    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM, PREFETCH)
+    acc = _fp4_rows_dot(w13_ptr, s13_ptr, rows, rm, x_ptr + n * s_xn, D, 2 * BN, KC, ASM)
     gate, up = tl.split(tl.reshape(acc, (BN, 2)))
     gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
     up = tl.clamp(up, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
@@ -260,13 +243,13 @@ def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr
 
 @triton.jit
 def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I, E, first, BN: tl.constexpr,
-                     KC: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr = False):
+                     KC: tl.constexpr, ASM: tl.constexpr):
     """Program (pair, block): rows `block · BN …` of the pair's down projection from its h (already `act_quant`ed and
     back), fp32 into `yp [N·k, D]`."""
     p, _, _, e, inside = _pair_expert(idx_ptr, s_in, s_ik, K, first, E)
     d = tl.program_id(1) * BN + tl.arange(0, BN)
     rm = d < tl.where(inside, D, 0)
-    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM, PREFETCH)
+    acc = _fp4_rows_dot(w2_ptr, s2_ptr, e * D + d, rm, h_ptr + p * I, I, BN, KC, ASM)
     tl.store(yp_ptr + p * D + d, acc, mask=d < D)
 
 # %% ../../nbs/18b_kernels_fp4_moe.ipynb #fp4m0012
@@ -280,7 +263,6 @@ class GemvTiles:
     down_kc: int = 256
     down_warps: int = 4
     asm: bool = True
-    prefetch: bool = False   # `_fp4_rows_dot`'s PREFETCH
 
 FP4_GEMV = GemvTiles()   # the H100 sweep's best at 16 tokens (benchmarks/scripts/fp4_gemv_gpu.py)
 
@@ -317,7 +299,7 @@ def fp4_up(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles
     x = act_rows(x)
     launch(_fp4_up_kernel, (N * k, triton.cdiv(I, t.up_bn)), x, x.stride(0), weights, weights.stride(0),
            weights.stride(1), idx, idx.stride(0), idx.stride(1), st.w13, st.s13.view(torch.uint8), h, k, D, I, E,
-           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED, PREFETCH=t.prefetch,
+           first, float(limit), BN=t.up_bn, KC=kc, ASM=t.asm and not _INTERPRETED,
            num_warps=t.up_warps)
     return h
 
@@ -331,7 +313,7 @@ def fp4_down(h: torch.Tensor, idx: torch.Tensor, st: FP4Stack, first: int, t: Ge
     if N * k > 0:
         launch(_fp4_down_kernel, (N * k, triton.cdiv(D, t.down_bn)), act_rows(h), idx, idx.stride(0), idx.stride(1), st.w2,
                st.s2.view(torch.uint8), yp, k, D, I, E, first, BN=t.down_bn, KC=kc,
-               ASM=t.asm and not _INTERPRETED, PREFETCH=t.prefetch, num_warps=t.down_warps)
+               ASM=t.asm and not _INTERPRETED, num_warps=t.down_warps)
     return yp.view(N, k, D).sum(1)
 
 def fp4_moe_small(x, weights, idx, st: FP4Stack, first: int, limit: float, t: GemvTiles | None = None) -> torch.Tensor:
