@@ -48,10 +48,11 @@ def main(a):
         x, w, idx, st = setup(N, g)
         P = idx.numel()
         base = G.FP4_TILES_DENSE if P >= G.FP4_DENSE_PAIRS * E else G.FP4_TILES_MID
+        fp32 = base._replace(bf16=False)                              # the shipped tiles decode in bf16 pairs
         row = {"tokens": N, "pairs": P, "touched_GB": round(touched_bytes(idx, st) / 1e9, 3)}
-        ref = G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=base)
+        ref = G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=fp32)
         cases = {"shipped": lambda: G.fp4_moe(x, w, idx, st, 0, LIMIT),
-                 "grouped_fp32": lambda: G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=base)}
+                 "grouped_fp32": lambda: G.fp4_moe_grouped(x, w, idx, st, 0, LIMIT, tiles=fp32)}
         variants = ((base.bm, base.warps_up, base.warps_down),) + (() if a.quick else ((16, 4, 4), (32, 4, 4), (64, 8, 8)))
         for bm, wu, wd in variants:
             t = base._replace(bm=bm, warps_up=wu, warps_down=wd, bf16=True)
