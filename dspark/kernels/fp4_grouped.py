@@ -7,7 +7,6 @@ Docs: https://dspark-dev.github.io/dspark/kernels_fp4_grouped.html.md"""
 # %% ../../nbs/18c_kernels_fp4_grouped.ipynb #fp4g0002
 from __future__ import annotations
 
-import functools
 import os
 from typing import NamedTuple
 
@@ -191,7 +190,7 @@ def fp4_moe_grouped(x, weights, idx, st: FP4Stack, first: int, limit: float, bm:
     h = torch.empty(P, I, dtype=torch.bfloat16, device=x.device)
     wt = weights.reshape(-1).float()
     asm = asm and not _INTERPRETED
-    bf16 = c.bf16 and c.join and asm and _sm90(x.device)
+    bf16 = c.bf16 and c.join and asm and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)   # sm_90 PTX
     grid = lambda n, bn: (triton.cdiv(n, bn), bexp.numel()) if c.tile_first else (bexp.numel(), triton.cdiv(n, bn))
     launch(_fp4_grouped_kernel, grid(I, FP4_BN_UP), xq, k, rows, bexp, wt, st.w13, st.s13.view(torch.uint8), h, D, I,
            I, float(limit), UP=True, BM=c.bm, BN=FP4_BN_UP, F32=_INTERPRETED, ASM=asm, JOIN=c.join,
@@ -209,14 +208,6 @@ FP4_DENSE_PAIRS = 64      # pairs an expert from which the grouped launches take
 # decoded in bf16 pairs, 2.4-3.2% faster than through fp32 from 1 to 4,096 tokens with the same bits (fp4_bf16_gpu.py)
 FP4_TILES_MID = GroupedTiles(64, 64, 4, 3, 4, 3, join=True, tile_first=True, bf16=True)
 FP4_TILES_DENSE = GroupedTiles(128, 256, 16, 3, 16, 3, join=True, tile_first=True, bf16=True)
-
-@functools.lru_cache(maxsize=None)
-def _sm90_at(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
-
-def _sm90(device: torch.device) -> bool:
-    "Whether `device` is a GPU of compute capability 9.0 or later (the bf16-pair decode's PTX needs sm_90)."
-    return device.type == "cuda" and _sm90_at(device.index if device.index is not None else torch.cuda.current_device())
 
 def fp4_moe(x, weights, idx, st: FP4Stack, first: int, limit: float) -> torch.Tensor:
     """The routed experts' sum, fp32 `[N, D]`, by the fastest measured path for the pair count: the two GEMV launches
