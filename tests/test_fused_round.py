@@ -8,7 +8,7 @@ import torch
 import dspark
 from dspark.runtime.runner import greedy_verify
 from dspark.kernels.round import greedy_accept
-from dspark.runtime.fused_round import RoundGraphs
+from dspark.runtime.fused_round import RoundGraphs, simulate_matches
 from dspark.runtime.graphs import GraphRunner
 from dspark.cache.kv_cache import SeqView
 from dspark.sample.sampling import SamplingParams
@@ -31,6 +31,36 @@ def test_greedy_accept_matches_greedy_verify():
     assert seen == {(True, True), (True, False), (False, True), (False, False)}   # none, some, all accepted
 
 
+def test_simulate_matches_draws_the_rule():
+    """Simulated acceptance drawn inside a round: greedy acceptance after `simulate_matches` takes a geometric number of
+    each request's drafts (P(at least j) = p^j, capped at its drafts), the counts it returns, then the target's own
+    choice, which the rewrite leaves as it was; padding requests and rows past the accepted ones are untouched.
+    Targets and drafts come from disjoint ranges here, so no target matches a draft by chance."""
+    from dspark.runtime.runner import acceptance_probability
+    torch.manual_seed(0)
+    K, W, R = 5, 6, 4000
+    counts = torch.randint(0, K + 1, (R,)); counts[::7] = K; counts[-3:] = 0        # the last three: padding
+    first = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), counts[:-1] + 1]), 0)
+    N = int((counts + 1).sum())
+    for p in (0.0, 0.55, 1.0):
+        top, ids = torch.randint(100, 200, (N + R,)), torch.randint(0, 100, (N,))
+        before = top.clone()
+        caps = simulate_matches(top, ids, first, counts, W, p)
+        a = greedy_accept(top[:N], ids, first, counts, W)
+        assert torch.equal(greedy_accept(top[:N], ids, first, caps, W), a) and torch.equal(caps, a)
+        assert (a <= counts).all() and (a[-3:] == 0).all()
+        changed = (top[:N] != before[:N]).nonzero().flatten().tolist()
+        assert changed == sorted(int(f) + j for f, k in zip(first, a) for j in range(int(k)))   # exactly the accepted rows
+        assert torch.equal(top[first + a], before[first + a])                    # the target's choice after them
+        full = a[counts == K].double()
+        if p in (0.0, 1.0): assert (full == K * p).all()
+        else:
+            pmf = torch.tensor([p ** j * (1 - p) for j in range(K)] + [p ** K], dtype=torch.double)
+            mean, sd = (pmf * torch.arange(K + 1)).sum(), ((pmf * (torch.arange(K + 1) - (pmf * torch.arange(K + 1)).sum()) ** 2).sum()).sqrt()
+            assert abs(full.mean() - mean) <= 5 * sd / len(full) ** 0.5
+    assert acceptance_probability(1 + 0.55 + 0.55 ** 2 + 0.55 ** 3 + 0.55 ** 4 + 0.55 ** 5, K) == pytest.approx(0.55)
+
+
 class RoundReplay:
     "A captured round's stand-in: `replay()` reruns the round's work and copies into the first run's outputs."
     def __init__(self, rounds: RoundGraphs, R: int):
@@ -45,7 +75,7 @@ class RoundReplay:
 
 def emulate_rounds(llm) -> RoundGraphs:
     g = emulate_graphs(llm, llm.runner.cache.cc.max_seqs)
-    rounds = RoundGraphs(g, llm.runner.proposer, capture=False)
+    rounds = RoundGraphs(g, llm.runner.proposer, capture=False, simulated=llm.runner.simulated)
     for R in rounds.sizes:
         stand_in = RoundReplay(rounds, R)
         rounds.graphs[R] = (stand_in, stand_in.out)
@@ -96,6 +126,33 @@ def test_fused_rounds_match_the_eager_engine(reference_kernels):
     assert llm.runner.deferred is not None and llm.abort_request(ids[1])
     while llm.has_unfinished_requests(): llm.step()
     assert [llm.pop_output(ids[i]).outputs[0].token_ids for i in (0, 2)] == [outs[0][0], outs[0][2]]
+
+
+def test_fused_rounds_draw_simulated_acceptance(reference_kernels):
+    """Under simulated acceptance (dummy-weight benchmarks) greedy steps still run as fused rounds, which draw the
+    rule on the device: the mean acceptance length of full-depth rounds is the one asked for (within 5 sd), and each
+    round commits its accepted drafts and then the target's choice."""
+    from dspark.model.checkpoint import DEFAULT_MODEL
+    from dspark.runtime.runner import acceptance_probability
+    torch.manual_seed(0)
+    K, a = 3, 2.5
+    llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=K, max_num_seqs=4, max_model_len=160,
+                     kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, simulate_acceptance=a)
+    rounds, seen = emulate_rounds(llm), []
+    read = rounds.read
+    def spy(handle):                                          # each round's drafts verified and how many were taken
+        rd = read(handle)
+        seen.extend((len(t) - 1, acc) for t, acc in zip(rd.top, rd.accepted)); return rd
+    rounds.read = spy
+    prompts = [[5 + i, 9, 17 + 3 * i, 2] for i in range(4)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True), use_tqdm=False)
+    assert rounds.replays > 20 and llm.runner.stats.simulated == a
+    full = torch.tensor([acc for k, acc in seen if k == K], dtype=torch.double)
+    p = acceptance_probability(a, K)
+    pmf = torch.tensor([p ** j * (1 - p) for j in range(K)] + [p ** K], dtype=torch.double)
+    m = (pmf * torch.arange(K + 1)).sum()
+    sd = (pmf * (torch.arange(K + 1) - m) ** 2).sum().sqrt()
+    assert len(full) > 80 and abs(full.mean() - m) <= 5 * sd / len(full) ** 0.5
 
 
 def test_when_a_step_runs_as_a_round(tiny_ckpt):

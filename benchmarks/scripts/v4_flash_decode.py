@@ -105,12 +105,17 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
         cases += [(c, P, True, "_copies") for c, P, js in base if js]
     if spec and a.ab_verify_ahead:                                # the same engine, verify steps not launched ahead
         cases += [(*b, "_sync") for b in base]
+    if spec and a.ab_unfused:                                     # the same engine, greedy rounds not fused (as
+        cases += [(*b, "_unfused") for b in base if not b[2]]     # simulated acceptance ran before 2026-12-07)
     for c, P, js, tail in cases:
         if tail == "_copies" and getattr(dg := llm.engine.runner.proposer.graphs, "steps", None):
             m["masked_steps_buckets"] = sorted(dg.steps); dg.steps = {}
         if tail == "_sync" and llm.engine.runner.verify_ahead is not None:
             m["verify_ahead_used"] = llm.engine.runner.verify_ahead.used
             llm.engine.runner.verify_ahead = None
+        if tail == "_unfused" and getattr(llm.engine.runner.forward, "rounds", None) is not None:
+            m["rounds_used"] = llm.engine.runner.forward.rounds.replays
+            llm.engine.runner.forward.rounds = llm.engine.runner.round_ahead = None
         key = (f"C{c}" if P == 32 else f"C{c}_prompt{P}") + ("_schema" if js else "") + tail
         try:
             prompts = [torch.randint(0, V, (P,), generator=g).tolist() for _ in range(c)]
@@ -198,6 +203,8 @@ if __name__ == "__main__":
     ap.add_argument("--prompt-len", type=int, nargs="+", default=[32],
                     help="decode rows after prompts of these lengths (the timed runs repeat the prompt: a prefix hit, so only decode differs)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[4096])
+    ap.add_argument("--ab-unfused", action="store_true",
+                    help="a speculative mode's plain rows again with fused rounds off (key suffix _unfused), in the same process")
     ap.add_argument("--schema", action="store_true", help="each decode row also under a JSON schema (key suffix _schema)")
     ap.add_argument("--ab-masked-steps", action="store_true",
                     help="with --schema and a speculative mode: the schema rows again with the masked loop on copies "

@@ -41,9 +41,8 @@ def graphs_for_runner(runner, max_num_seqs: int, ragged_tokens: int = 0) -> Grap
                     runner.max_model_len, taps=pr.taps if pr else (), finals=bool(pr and pr.final),
                     context=pr.write_context if pr else None, ragged_tokens=ragged_tokens)
     g.graph_bytes += draft_bytes                       # the draft step's graphs count too
-    if (pr is not None and pr.round_drafts is not None and pr.graphs is not None and g.graphs   # chapter 23: a round in one
-            and runner.simulated is None):                                                   # graph (not simulated)
-        try: g.rounds = RoundGraphs(g, pr)
+    if pr is not None and pr.round_drafts is not None and pr.graphs is not None and g.graphs:   # chapter 23: a round in one graph
+        try: g.rounds = RoundGraphs(g, pr, simulated=runner.simulated)
         except Exception as e:                         # still correct without: a verify replay, then the draft graphs
             log.warning("rounds not captured (%s: %s); verifying and drafting apart", type(e).__name__, e)
         else: g.graph_bytes += g.rounds.graph_bytes

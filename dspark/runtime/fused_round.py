@@ -8,6 +8,7 @@ Docs: https://dspark-dev.github.io/dspark/fused_round.html.md"""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,7 @@ from ..spec.proposers import decided
 from ..timing import capture_graphs
 
 # %% auto #0
-__all__ = ['RoundOutputs', 'Round', 'RoundGraphs']
+__all__ = ['RoundOutputs', 'Round', 'simulate_matches', 'RoundGraphs']
 
 # %% ../../nbs/23_fused_round.ipynb #29c9f908
 @dataclass
@@ -47,11 +48,31 @@ class Round:
         if self._drafts is None: self._drafts = self._fetch()
         return self._drafts
 
+def simulate_matches(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tensor, drafts: torch.Tensor,
+                     width: int, p: float) -> torch.Tensor:
+    """Simulated acceptance inside a round (`runner.SimulatedAcceptance`'s rule drawn on the device, for dummy-weight
+    benchmarks only): request `i` draws how many of its `drafts[i]` drafts it accepts, at least `j` with probability
+    `p^j`; that many of its verify rows in `verified` (the target's argmax, `[N + R]`) become the drafts they verify,
+    and the returned counts `min(drafts, draw)` `[R]`, given to the handover as the drafts, stop its greedy
+    acceptance there, so the round takes the drawn drafts and then the target's own choice, as
+    `SimulatedAcceptance.accept` does on the host. A few launches, no host sync: capturable."""
+    N, R = ids.shape[0], first.shape[0]
+    if not R or N < 2 or width < 2 or p <= 0: return torch.zeros_like(drafts)
+    j = torch.arange(width - 1, device=ids.device)
+    a = drafts if p >= 1 else torch.minimum(drafts, torch.floor(torch.log1p(-torch.rand(R, device=ids.device)) / math.log(p)).long())
+    keep = j < a[:, None]
+    rows = (first[:, None] + j).clamp(max=N - 2)
+    dest = torch.where(keep, rows, N)       # rows not rewritten go to `verified[N]`, which the handover writes after
+    verified.index_put_((dest.reshape(-1),), torch.where(keep, ids[rows + 1], 0).reshape(-1))
+    return a
+
 class RoundGraphs:
     """Captured greedy DSpark rounds for a `GraphRunner` (its buffers, kernels and pool), one per request bucket;
-    `capture=False` builds the buffers only (tests replay the same work eagerly)."""
-    def __init__(self, runner: GraphRunner, proposer, capture: bool = True):
+    `capture=False` builds the buffers only (tests replay the same work eagerly). `simulated`: the runner's
+    `SimulatedAcceptance`, whose rule the rounds then draw on the device (`simulate_matches`)."""
+    def __init__(self, runner: GraphRunner, proposer, capture: bool = True, simulated=None):
         self.g, self.pr = runner, proposer
+        self.sim_p = None if simulated is None else simulated.p
         self.width = runner.max_query                  # rows per request: the anchor and up to γ drafts
         # drafts proposed per request (the engine keeps what fits), most rows a request may bring, the scratch ring
         self.K, self.window, self.scratch = proposer.round_shape
@@ -80,11 +101,13 @@ class RoundGraphs:
         out = forward_static(g.model, g.cache, buf, n, g.taps, g.finals, g.mhc, g.context, fp32_logits=False)   # argmax only
         verified = torch.empty(n + R, dtype=torch.long, device=out.logits.device)
         torch.argmax(out.logits[:n], -1, out=verified[:n])
+        drafts = self.drafts[:R]                   # simulated acceptance: the drawn counts (`simulate_matches`)
+        if self.sim_p is not None: drafts = simulate_matches(verified, buf.ids[:n], self.first[:R], drafts, self.width, self.sim_p)
         # accepted drafts after the argmax, then each request's anchor (the token after them), its position and ring;
         # with chapter 17's kernels on, one launch instead of ~25
         hand = round_handover_triton if self.pr.round_kernels else round_handover
         publish = {"host": self.host} if self.host is not None and hand is round_handover_triton else {}
-        anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], self.drafts[:R], buf.tok_pos[:n],
+        anchors, P, slots = hand(verified, buf.ids[:n], self.first[:R], drafts, buf.tok_pos[:n],
                                  buf.ring_slot[:n], self.scratch, self.width, **publish)
         if self.host is not None:                  # the kernel wrote the host's copy itself, or a copy node does
             if not publish: self.host[:n + R].copy_(verified, non_blocking=True)

@@ -77,10 +77,10 @@ class SimulatedAcceptance:
     depth `K` were `a` — each draft accepted independently with `acceptance_probability(a, K)`, up to the first
     refusal — whatever the target said. The accepted tokens are the drafts, so the output is the drafter's text, not
     a correct decode. Draws come from one stream seeded with the engine's seed. A round that drafts fewer than `K`
-    (no room left, capacity control) accepts proportionally less. With it on the runner verifies on its unfused
-    path: the engine captures no fused rounds (chapter 23), and launches each verify step ahead from the host
-    (chapter 25's `VerifyAhead`), while the target's verify forward (replayed from its graph where there is one) and
-    the drafter run as always, so their costs are real."""
+    (no room left, capacity control) accepts proportionally less. Greedy rounds that run as fused round graphs
+    (chapter 23, launched ahead as with trained weights) draw the same rule on the device (`simulate_matches`);
+    other steps verify by `accept` on the host (chapter 25's `VerifyAhead` launches them ahead). The target's verify
+    forward and the drafter run as always, so their costs are real."""
     def __init__(self, a: float, K: int, seed: int = 0):
         if K < 1: raise ValueError("simulate_acceptance needs speculative decoding (speculative='dspark' or 'mtp'); it is off")
         self.a, self.K, self.p, self.rng = float(a), K, acceptance_probability(a, K), random.Random(seed)
@@ -149,7 +149,7 @@ class ModelRunner:
         if pr and pr.claim is not None:                           # a captured step may write the drafter's rings
             for r, _ in batch: pr.claim(r.slot, r.request_id)
         greedy = all_plain_greedy([r for r, _ in batch])
-        rounds = None if self.simulated else getattr(self.forward, "rounds", None)   # chapter 23: verify, accept, draft in one graph
+        rounds = getattr(self.forward, "rounds", None)             # chapter 23: verify, accept, draft in one graph
         compact = self.capacity is not None and self.capacity.stats.pruned      # drafts were pruned: keep them pruned
         if greedy and rounds is not None and not self._plain() and rounds.fits(chunks, seqs, [r.num_tokens - r.num_computed for r, _ in batch], compact):
             return self._finish(batch, *self._verify_round(rounds, batch, chunks, seqs))
@@ -234,15 +234,15 @@ class ModelRunner:
 
     def _verify_round(self, rounds, batch: list[tuple[Request, int]], chunks: list[torch.Tensor] | None,
                       seqs: list[SeqView] | None, rd=None):
-        """A greedy verify step as one fused round (chapter 23): the host re-runs `greedy_verify` on the argmax it
-        reads back and must agree with the device's acceptance, which the graph's drafts were anchored on. With
-        `round_ahead` (chapter 25) the round `rd` may have been launched during the last one, and the next one is
-        launched as soon as this one's verification is read."""
+        """A greedy verify step as one fused round (chapter 23): the host re-runs `greedy_verify` on the argmax it reads
+        back (simulated acceptance: on the drafts the round drew) and must agree with the device, on which the graph
+        anchored its drafts. With `round_ahead` (chapter 25) `rd` may have been launched during the last round."""
         ahead = self.round_ahead
         if rd is None: rd = rounds(chunks, seqs)
         self.observed, decided = True, {}
         for i, (r, n) in enumerate(batch):
-            a, toks = greedy_verify(r.drafts[:n - 1], rd.top[i])
+            k = n - 1 if self.simulated is None else rd.accepted[i]   # simulated: the round's draw ends the drafts
+            a, toks = greedy_verify(r.drafts[:k], rd.top[i][:k + 1])
             if a != rd.accepted[i]:
                 raise RuntimeError(f"request {r.request_id}: the fused round accepted {rd.accepted[i]} drafts on the "
                                    f"device but {a} on the host")
