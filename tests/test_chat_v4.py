@@ -205,7 +205,8 @@ def test_server_accepts_tools_and_template_kwargs(servers):
         assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"]
         fn = lambda **f: {"type": "function", "function": f}
         for tools, says in (([fn(name='say "hi"')], "pattern"), ([fn(name="f", parameters={"type": "nonsense"})], "object schema"),
-                            ([fn(name="f"), fn(name="f")], "duplicate"), ([fn(name="f", parameters={"properties": {"a": 1}})], "schemas")):
+                            ([fn(name="f"), fn(name="f")], "duplicate"), ([fn(name="f", parameters={"properties": {"a": 1}})], "schemas"),
+                            ([fn(name="f", parameters={"properties": {"a": {"type": "nope"}}})], "parameter 'a' of 'f': Invalid type")):
             bad = httpx.post(s.url + "/v1/chat/completions", json={"messages": msgs, "tools": tools, "tool_choice": "required"})
             assert bad.status_code == 400 and says in bad.json()["error"]["message"], bad.text
     jinja, v4 = servers

@@ -16,6 +16,7 @@ from ..engine.args import ArgGroup, arg
 from .chat_v4 import (END_THINK, INVOKE_CLOSE, INVOKE_OPEN, PARAM_CLOSE, PARAM_OPEN, REASONING_EFFORTS, THINK,
                       TOOL_CALLS_CLOSE, TOOL_CALLS_OPEN, to_json)
 from .protocol import APIError
+from ..sample.structured import grammar_of
 
 # %% auto #0
 __all__ = ['TEMPLATE_KWARGS', 'ReasoningSplitter', 'ToolCallParser', 'parse_tool_calls', 'ChatStream', 'ChatArgs',
@@ -253,6 +254,12 @@ def tool_grammar(tools: list[dict], name: str | None, parallel: bool) -> str:
     (`name` None: `tool_choice` "required") one or more calls (one without `parallel`) to any of `tools`."""
     fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     if not fns: raise APIError(400, f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
+    for f in fns:                                   # each JSON-valued parameter's schema compiles, or the 400 names it
+        for k, v in ((f.get("parameters") or {}).get("properties") or {}).items():
+            if isinstance(v, dict) and v.get("type") == "string": continue
+            try: grammar_of({"json": v})
+            except ValueError as e:
+                raise APIError(400, f"tools: parameter {k!r} of {f['name']!r}: {str(e).removeprefix('json: ')}", "tools") from None
     calls = [f'{_lit(INVOKE_OPEN)} {_lit(f["name"])} {_lit(chr(34) + ">" + chr(10))} {_arguments(f.get("parameters"))} {_lit(INVOKE_CLOSE)}'
              for f in fns]
     more = ' ("\\n" call)*' if parallel and name is None else ""
