@@ -62,6 +62,13 @@ def compile_template(source: str) -> jinja2.Template:
     except jinja2.TemplateSyntaxError as e: raise ValueError(f"chat_template does not compile: {e}") from None
 
 # %% ../nbs/01_tokenizer.ipynb #027f4345
+def _unicode(text: str, where: str) -> None:
+    "Raise a ValueError naming a lone surrogate in `text` (a str no UTF-8 can carry), if it holds one."
+    try: text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where} is not valid Unicode: a lone surrogate U+{ord(text[e.start]):04X} at character "
+                         f"{e.start}") from None
+
 class Tokenizer:
     "tokenizer.json through `tokenizers`, tokenizer_config.json for bos/eos/chat template."
     def __init__(self, tok: tokenizers.Tokenizer, bos_token: str | None = None, eos_token: str | None = None,
@@ -92,7 +99,8 @@ class Tokenizer:
         "Token ids of `text`; with `add_special_tokens` the post-processor of tokenizer.json adds `bos`."
         # `encode_batch` lets go of the interpreter lock while it works (`encode` holds it): a long text tokenised in a
         # server's worker thread does not stall its event loop
-        return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        try: return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError: _unicode(text, "text"); raise     # `tokenizers` names its input type, not what is wrong
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
         """Text of `ids`; bytes that do not form whole UTF-8 characters become U+FFFD. Kept special tokens are spaced
@@ -155,6 +163,12 @@ class Tokenizer:
         """Prompt ids for `messages`, where special tokens come only from the template: a message's content is
         tokenised as text, so `<｜User｜>` written by a user is a few ordinary tokens, not a forged turn. The text
         between two of the template's special tokens is encoded as one run, exactly as `tokenizers` would."""
+        try: return self._encode_chat(messages, add_generation_prompt, **kwargs)
+        except TypeError:                                   # `tokenizers` names its input type, not what is wrong
+            for i, m in enumerate(messages): _unicode(str(m.get("content") or ""), f"messages[{i}]['content']")
+            raise
+
+    def _encode_chat(self, messages: list[dict], add_generation_prompt: bool, **kwargs) -> list[int]:
         text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
         if self._specials is None: return self.encode(text, add_special_tokens=False)
         pieces = self._pieces(messages, add_generation_prompt, **kwargs)

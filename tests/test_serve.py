@@ -216,6 +216,9 @@ BAD = [  # (name, path, body or raw bytes, status, field/message fragment)
     ("unknown model", "/v1/completions", {"prompt": "x", "model": "gpt-5"}, 404, "gpt-5"),
     ("oversized body", "/v1/completions", {"prompt": "x" * (5 * 2**20)}, 413, "larger than"),
     ("unknown route", "/v1/engines", {"prompt": "x"}, 404, "Not Found"),
+    ("lone surrogate", "/v1/completions", b'{"prompt": "ab\\ud800c", "max_tokens": 2}', 400, "lone surrogate U+D800"),
+    ("lone surrogate in chat", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}', 400, "lone surrogate U+DFFF"),
 ]
 
 
