@@ -195,3 +195,35 @@ def test_confidence_logits_only_when_capacity_control_reads_them(llm):
     assert on == off and without and seen
     assert all(not flag and conf is None for flag, _, conf in without)
     assert all(flag and conf is not None and conf.shape == drafts.shape and torch.isfinite(conf).all() for flag, drafts, conf in seen)
+
+
+def test_predicted_positions_run_nothing_and_change_nothing(llm):
+    """Greedy masked drafting first makes the unmasked drafts (one Markov loop, one copy) and takes, at each position
+    where every request still drafting has drafted them so far and its grammar allows its next one, that draft
+    without a masked step (`DraftWalk.predict`): the masked argmax is then that token. One request at a time (a
+    batch's position runs on the device if any request needs it): the drafts of every round, and the outputs,
+    equal those of the plain masked loop, with fewer masked positions."""
+    from dspark.sample.structured import DraftWalk
+    pr, runner = llm.engine.runner.proposer, llm.engine.runner
+    schemas = [{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                                 "tags": {"type": "array", "items": {"type": "string"}}},
+                "required": ["name", "age", "tags"], "additionalProperties": False}, SCHEMA]
+    prompts = ["def parse_config(path):\n    ", "# JSON record\n", "import json\ndata = ", "class User:\n    "]
+    forced, predict, counts, tries = DraftWalk.forced, DraftWalk.predict, [], []
+    DraftWalk.forced = lambda self: counts.append(r := forced(self)) or r
+    DraftWalk.predict = lambda self, d: tries.append(1) or predict(self, d)
+    execute, got = runner.execute, {}
+    try:
+        for on in (True, False):
+            pr.predict_drafts, pr.predict_idle, counts[:], tries[:], seen = on, 0, [], [], []
+            def spy(batch, seen=seen):
+                seen.extend((list(r.output_ids), list(r.drafts)) for r, _ in batch if r.drafts)
+                return execute(batch)
+            runner.execute = spy
+            outs = [llm.generate([p], SamplingParams(temperature=0.0, max_tokens=64, structured_outputs={"json": s}),
+                                 use_tqdm=False)[0].outputs[0].token_ids for s in schemas for p in prompts]   # C1
+            got[on] = (outs, seen, sum(c is None for c in counts), len(tries))
+    finally: DraftWalk.forced, DraftWalk.predict, runner.execute, pr.predict_drafts = forced, predict, execute, True
+    print("masked positions (and unmasked passes) with and without predictions:", got[True][2:], got[False][2:])
+    assert got[True][0] == got[False][0] and got[True][1] == got[False][1] and len(got[True][1]) > 20
+    assert got[True][2] + got[True][3] < got[False][2] and got[False][3] == 0   # fewer waits for the device

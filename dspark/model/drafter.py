@@ -289,7 +289,7 @@ class DSparkDrafter(nn.Module):
     @torch.no_grad()
     def markov_masked(self, h: torch.Tensor, anchors: torch.Tensor, P: torch.Tensor, n: int, rp: RowParams,
                       allowed: Callable, greedy: bool = False, packed: Callable | None = None,
-                      forced: Callable | None = None, steps=None, conf: bool = True):
+                      forced: Callable | None = None, steps=None, conf: bool = True, U: torch.Tensor | None = None):
         """`propose_rows`' Markov loop from a masked view, over block hidden states `h [R, γ, D]` (`block_hidden`, or
         its captured step): `allowed(k, last)` gives the tokens position `k` may take, `[R, V]` bool on the device,
         once it has the drafts `last` of position `k − 1` (a host list; None at `k = 0`), or None to stop. The mask
@@ -304,16 +304,18 @@ class DSparkDrafter(nn.Module):
         the masked distribution is one-hot on that token whatever the logits (`skip_forced` off: computed anyway).
         `steps`: the masked kernel's buffers and graphs for this batch (`kernels.draft.MaskedSteps`), else the kernel
         makes its own; its drafts stay on the host. `conf=False`: no confidence logits (None), for a proposer nobody
-        reads them from (no capacity control): eight launches and a copy fewer a round."""
+        reads them from (no capacity control): eight launches and a copy fewer a round. `U`: the base logits, when
+        the caller made them (`base_logits(h)`; fp32 or the head's dtype, as the path taken reads them)."""
         forced = forced if self.skip_forced else None
         if greedy and packed is not None and fast_kernel_ok(self.masked_kernel):
             mh = self.last.markov_head
-            drafts = self.masked_kernel(self.base_logits(h, fp32=False), h, anchors, mh.markov_w1.weight,
-                                        mh.markov_w2.weight, n, packed, forced, steps)
+            U = self.base_logits(h, fp32=False) if U is None else U
+            drafts = self.masked_kernel(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, n, packed, forced, steps)
             if not conf: return drafts, None, None
             m, d = drafts.shape[1], drafts.to(anchors.device)   # each draft's previous token: the anchor, then drafts
             return d, None, self._confidence(h[:, :m], torch.cat([anchors[:, None], d], 1)[:, :m])
-        U, mh, prev, qs, last = self.base_logits(h), self.last.markov_head, [anchors], [], None
+        U = self.base_logits(h) if U is None else U.float()
+        mh, prev, qs, last = self.last.markov_head, [anchors], [], None
         for k in range(min(n, self.block_size)):
             if isinstance(last, torch.Tensor): last = last.tolist()
             ok = allowed(k, last)                              # the grammar needs the last draft on the host
@@ -341,9 +343,14 @@ class DSparkDrafter(nn.Module):
         logits `[R, n]`, on the device. The Markov loop runs over the batch; each position's token is the argmax,
         exactly as `markov_rows` picks it on a greedy row, without the distributions (verification needs none:
         they are one-hot) or the draws."""
-        h = self.block_hidden(anchors, P, rows, valid, slots)
+        return self.greedy_from_hidden(self.block_hidden(anchors, P, rows, valid, slots), anchors, n)
+
+    def greedy_from_hidden(self, h: torch.Tensor, anchors: torch.Tensor, n: int, U: torch.Tensor | None = None):
+        """`propose_greedy`'s Markov loop over block hidden states `h [R, γ, D]` already made: drafts and confidence
+        logits `[R, min(n, γ)]` on the device. `U`: the base logits, when the caller has them (`base_logits(h)`)."""
         fast = fast_kernel_ok(self.markov_kernel)                  # γ + 1 launches (chapter 17), reading U as it is
-        U, mh, n = self.base_logits(h, fp32=not fast), self.last.markov_head, min(n, self.block_size)
+        U = self.base_logits(h, fp32=not fast) if U is None else U if fast else U.float()
+        mh, n = self.last.markov_head, min(n, self.block_size)
         loop = self.markov_kernel if fast else markov_greedy
         return loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)
 

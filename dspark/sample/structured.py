@@ -84,6 +84,10 @@ def _only_token(row: np.ndarray) -> int | None:
     w = int(row[nz[0]]) & 0xFFFFFFFF
     return int(nz[0]) * 32 + w.bit_length() - 1 if w & (w - 1) == 0 else None
 
+def _allows(row: np.ndarray, t: int, V: int) -> bool:
+    "Whether the mask `row` allows token `t` of the model's vocabulary (`V`)."
+    return 0 <= t < V and bool((int(row[t // 32]) >> (t % 32)) & 1)
+
 def _any_below(row: np.ndarray, V: int) -> bool:
     "Whether the mask `row` allows any token id below `V` (the model's vocabulary; the tokenizer's may be larger)."
     w, full = row.view(np.uint32), V // 32
@@ -231,6 +235,9 @@ class DraftWalk:
         self.took = [0] * len(reqs)                 # drafts each matcher has taken
         self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
         self._forced: list[int] | None = None       # the last position's one-token masks (`forced`)
+        self.predicted: list[list[int]] | None = None   # each request's unmasked greedy drafts (`predict`)
+        self.on_track: list[bool] = []              # whether its drafts so far are those
+        self.hits = 0                               # positions the predictions filled
 
     def __call__(self, k: int, last: list[int] | None) -> torch.Tensor | None:
         live = self._walk(k, last)
@@ -242,12 +249,21 @@ class DraftWalk:
         further. The walk's next call overwrites them."""
         return self.words if self._walk(k, last) else None
 
+    def predict(self, drafts: list[list[int]]) -> None:
+        """Greedy batches: each request's drafts from the unmasked view (`drafts[i]`, made from the same block). While a
+        request's drafts so far are these, its masked argmax at the next position is its unmasked draft there whenever
+        the mask allows that one; a position where every request still drafting is so is `forced` on them, and
+        runs nothing on the device."""
+        self.predicted, self.on_track = drafts, [True] * len(drafts)
+
     def _walk(self, k: int, last: list[int] | None) -> list[int]:
         "Take the drafts `last`, fill `self.words` with position `k`'s masks; the requests still drafting."
-        words, live = self.words, []
+        words, live, pred = self.words, [], self.predicted
         words[:] = -1                                                        # every token, for rows that have ended
         for i, m in enumerate(self.ms):
             if k >= self.n[i]: continue
+            if pred is not None and last is not None and (k > len(pred[i]) or last[i] != pred[i][k - 1]):
+                self.on_track[i] = False
             if last is not None:
                 if not m.consume_token(last[i]): self.n[i], self.ok[i] = k, False; continue   # drawn from its mask
                 self.took[i] = k
@@ -261,12 +277,17 @@ class DraftWalk:
         for i in live:
             if (t := _only_token(words[i])) is None: self._forced = None; break
             self._forced[i] = t
+        if self._forced is None and pred is not None and live and all(
+                self.on_track[i] and k < len(pred[i]) and _allows(words[i], pred[i][k], self.V) for i in live):
+            self._forced = [pred[i][k] if i in live else 0 for i in range(len(self.ms))]
+            self.hits += 1
         return live
 
     def forced(self) -> list[int] | None:
         """After a position's walk: the token each request must draft there when every request still drafting has a
-        one-token mask (the masked law is one-hot on it, whatever the drafter's logits), else None. Requests that
-        stopped drafting get token 0: what is drawn for them is dropped."""
+        one-token mask (the masked law is one-hot on it, whatever the drafter's logits) or, with `predict`, is on
+        track and allowed its unmasked draft (the masked argmax is that), else None. Requests that stopped drafting
+        get token 0: what is drawn for them is dropped."""
         return self._forced
 
     def close(self, drafts: list[list[int]]) -> None:

@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..model.drafter import DSparkDrafter
+from ..model.layers import fast_kernel_ok
 from ..model.mtp import MTPDrafter, MTPRing
 from ..model.transformer import Transformer
 from ..sample.sampling import STREAMS, RowParams, SamplingParams, draft_sample, draw_keyed, on_device, probs, row_probs
@@ -128,6 +129,9 @@ class DSparkProposer(Proposer):
         self.confidence: dict | None = None    # capacity control sets {} to read (logits, context complete) per proposal
         self.allocator = None                  # capacity control's `DeviceAllocator`: lengths decided behind a draft step
         self.q: torch.Tensor | None = None     # [max_seqs + 1, γ, V] fp32 draft distributions by ring slot (first sampled use)
+        self.predict_drafts = True             # greedy masked drafting tries the unmasked drafts first (`DraftWalk.predict`)
+        self.predict_idle, self.predict_pause = 0, 8   # rounds left before it tries again, after a try that filled
+                                               # no position; and how many such a try pauses it for
 
     def observe(self, slot: int, rid: str, feats: torch.Tensor, positions: torch.Tensor, ids: list[int]) -> None:
         self.ctx.claim(slot, rid); self.ctx.insert(slot, feats, positions)
@@ -249,8 +253,9 @@ class DSparkProposer(Proposer):
         state after the drafts before it and ends a draft where the grammar does (`walk.n`), then keeps its masks
         for the round's verification (`walk.close`). The block's hidden states come from the captured step when
         there is one (`DraftGraphs.hidden`); the Markov loop runs eagerly, one device-to-host copy a position, since
-        the grammar needs each draft on the host before it can mask the next. The masked distributions stay on the
-        device for verification."""
+        the grammar needs each draft on the host before it can mask the next; a greedy batch first drafts from the
+        unmasked view, whose drafts fill the positions the grammar allows them (`DraftWalk.predict`). The masked
+        distributions stay on the device for verification."""
         dev, R, g = self.ctx.pos.device, len(slots), self.graphs
         steps = None
         if g is not None and g.masked and g.fits(R, max(n)):
@@ -261,8 +266,13 @@ class DSparkProposer(Proposer):
             valid, complete = self._window(s, p)
             h = self.drafter.block_hidden(a, p, self.ctx.rows, valid, s)
         greedy = all(sp.greedy for sp in params)                    # no q to keep: greedy rows verify by the argmax
+        U, guess = None, greedy and self.predict_drafts and self.predict_idle == 0
+        if guess:                                                   # the unmasked drafts first: one launch set, one copy
+            U = self.drafter.base_logits(h, fp32=not fast_kernel_ok(self.drafter.masked_kernel))
+            walk.predict(self.drafter.greedy_from_hidden(h, a, max(n), U)[0].tolist())
         drafts, q, conf = self.drafter.markov_masked(h, a, p, max(n), RowParams.of(params, seeds, dev), walk, greedy,
-                                                     walk.packed, walk.forced, steps, conf=self.confidence is not None)
+                                                     walk.packed, walk.forced, steps, conf=self.confidence is not None, U=U)
+        if greedy: self.predict_idle = 0 if walk.hits else self.predict_pause if guess else max(0, self.predict_idle - 1)
         if q is not None: self._keep_q(s, q)
         conf = conf.tolist() if conf is not None else [None] * len(rids)
         drafts = drafts.tolist()
