@@ -128,16 +128,18 @@ def test_fused_rounds_match_the_eager_engine(reference_kernels):
     assert [llm.pop_output(ids[i]).outputs[0].token_ids for i in (0, 2)] == [outs[0][0], outs[0][2]]
 
 
-def test_fused_rounds_draw_simulated_acceptance(reference_kernels):
-    """Under simulated acceptance (dummy-weight benchmarks) greedy steps still run as fused rounds, which draw the
-    rule on the device: the mean acceptance length of full-depth rounds is the one asked for (within 5 sd), and each
-    round commits its accepted drafts and then the target's choice."""
+@pytest.mark.parametrize("mode", ["dspark", "mtp"])
+def test_fused_rounds_draw_simulated_acceptance(reference_kernels, mode):
+    """Under simulated acceptance (dummy-weight benchmarks) greedy steps still run as fused rounds, DSpark's and MTP's,
+    which draw the rule on the device: the mean acceptance length of full-depth rounds is the one asked for (within
+    5 sd), and each round commits its accepted drafts and then the target's choice (the runner's check)."""
     from dspark.model.checkpoint import DEFAULT_MODEL
     from dspark.runtime.runner import acceptance_probability
     torch.manual_seed(0)
     K, a = 3, 2.5
-    llm = dspark.LLM(DEFAULT_MODEL, speculative="dspark", num_speculative_tokens=K, max_num_seqs=4, max_model_len=160,
-                     kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False, simulate_acceptance=a)
+    llm = dspark.LLM(DEFAULT_MODEL / "mtp" if mode == "mtp" else DEFAULT_MODEL, speculative=mode, num_speculative_tokens=K,
+                     max_num_seqs=4, max_model_len=160, kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False,
+                     simulate_acceptance=a)
     rounds, seen = emulate_rounds(llm), []
     read = rounds.read
     def spy(handle):                                          # each round's drafts verified and how many were taken
