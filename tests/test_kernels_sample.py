@@ -209,3 +209,28 @@ def test_sampled_request_joining_greedy_ones_with_drafts(tiny_ckpt, tmp_path, me
     second = llm.add_request(prompts[1], sampled)
     while llm.has_unfinished_requests(): llm.step()
     assert [llm.pop_output(first).outputs[0].token_ids, llm.pop_output(second).outputs[0].token_ids] == alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_argmax_kernel_equals_unpacked_reference(dtype):
+    "The one-launch masked argmax picks what unpacking, filling and `argmax` pick: ties, empty masks, wide words."
+    import numpy as np
+    from dspark.kernels.sample import masked_argmax_triton
+    from dspark.sample.structured import unpack_masks
+    g = torch.Generator().manual_seed(0)
+    N, V = 9, 3000                                        # V not a multiple of 32 or of the kernel's block
+    x = torch.randint(-3, 3, (N, V), generator=g).to(dtype)   # few values: ties everywhere
+    W = (V + 31) // 32 + 2                                # the grammar's words may cover a larger tokenizer
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (5, W), generator=g, dtype=torch.int32).numpy()
+    words[1] = 0                                          # allows nothing: index 0, as the reference
+    words[2] = 0; words[2, 40] = 1 << 7                   # one token
+    words[3] &= 0x01010101                                # sparse
+    rows = [0, 3, 4, 7, 8]
+    want = torch.full((N,), -1, dtype=torch.long)
+    want[rows] = x[rows].float().masked_fill(~unpack_masks(words, V), float("-inf")).argmax(-1)
+    got = torch.full((N,), -1, dtype=torch.long)
+    packed = np.empty((len(rows), 1 + (V + 31) // 32), dtype=np.int32)
+    packed[:, 0], packed[:, 1:] = rows, words[:, :(V + 31) // 32]
+    masked_argmax_triton(x, got, torch.from_numpy(packed))
+    assert torch.equal(got, want)
+    assert got[3] == 0 and got[4] == 40 * 32 + 7

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 # %% auto #0
-__all__ = ['DRAW_BLOCK', 'keyed_uniforms_triton', 'draw_splits', 'draw_keyed_triton']
+__all__ = ['DRAW_BLOCK', 'keyed_uniforms_triton', 'draw_splits', 'draw_keyed_triton', 'masked_argmax_triton']
 
 # %% ../../nbs/16_kernels_sample.ipynb #a1c0e002
 _M0 = tl.constexpr(0xD2511F53)
@@ -121,7 +121,37 @@ def draw_keyed_triton(w: torch.Tensor, seed: torch.Tensor, position: torch.Tenso
     if S == 1: return idx[:, 0].long()
     return idx.gather(1, vals.argmax(1, keepdim=True))[:, 0].long()    # chunks in vocabulary order: first max wins
 
+@triton.jit
+def _masked_argmax_kernel(x_ptr, s_x, w_ptr, s_w, out_ptr, V, BLOCK: tl.constexpr):
+    """Program m: row `r = words[m, 0]` of `x`, its argmax over the tokens the packed mask `words[m, 1:]` allows
+    (bit `v % 32` of word `v // 32`), into `out[r]`; ties to the lowest index, and index 0 when nothing is allowed,
+    as `masked_fill(~allowed, -inf).argmax()` picks them."""
+    m = tl.program_id(0).to(tl.int64)
+    row = tl.load(w_ptr + m * s_w).to(tl.int64)
+    best = tl.full([], float("-inf"), tl.float32)
+    arg = tl.zeros([], dtype=tl.int64)
+    for off in range(0, V, BLOCK):
+        v = off + tl.arange(0, BLOCK)
+        ok = v < V
+        bits = tl.load(w_ptr + m * s_w + 1 + v // 32, mask=ok, other=0)
+        ok = ok & (((bits >> (v % 32)) & 1) != 0)
+        x = tl.where(ok, tl.load(x_ptr + row * s_x + v, mask=ok, other=0.0).to(tl.float32), float("-inf"))
+        t_best = tl.max(x, 0)
+        t_arg = tl.argmax(x, 0).to(tl.int64) + off
+        better = t_best > best                       # strictly: an equal value later in the row loses
+        arg = tl.where(better, t_arg, arg)
+        best = tl.where(better, t_best, best)
+    tl.store(out_ptr + row, arg)
+
+def masked_argmax_triton(x: torch.Tensor, out: torch.Tensor, packed: torch.Tensor) -> None:
+    """`out[r] = argmax(x[r])` over the tokens a packed grammar mask allows, for the rows `r` that `packed [M, 1 + W]`
+    int32 names: column 0 the row, then its mask's words (llguidance's layout). One launch for every constrained
+    row of a step, in place of unpacking the masks to bools, filling and an argmax (about ten launches)."""
+    M, V = packed.shape[0], x.shape[-1]
+    if x.stride(-1) != 1: x = x.contiguous()
+    if M: launch(_masked_argmax_kernel, (M,), x, x.stride(0), packed, packed.stride(0), out, V, BLOCK=2048)
+
 # %% ../../nbs/16_kernels_sample.ipynb #a8bf95bc
 from ..sample.sampling import FAST
 
-FAST.update(keyed_uniforms=keyed_uniforms_triton, draw_keyed=draw_keyed_triton)
+FAST.update(keyed_uniforms=keyed_uniforms_triton, draw_keyed=draw_keyed_triton, masked_argmax=masked_argmax_triton)

@@ -16,7 +16,7 @@ import torch
 from .buffers import fill_layout
 from .graphs import GraphRunner
 from ..cache.kv_cache import SeqView
-from ..sample.structured import grammar_greedy, unpack_masks
+from ..sample.structured import grammar_greedy, masked_argmax_rows
 
 # %% auto #0
 __all__ = ['Launched', 'DecodeAhead', 'covered', 'RoundAhead', 'VerifyAhead']
@@ -312,10 +312,7 @@ class VerifyAhead:
         top = self.top[:N]
         torch.argmax(flat, -1, out=top)
         if words:                                  # each constrained request's rows: the argmax of its masked rows
-            at = [o + j for o, w in words for j in range(len(w))]
-            allowed = unpack_masks(np.concatenate([w for _, w in words]), flat.shape[-1], flat.device)
-            idx = _to_device(at, self.top)
-            top[idx] = flat[idx].masked_fill(~allowed, float("-inf")).argmax(-1)
+            masked_argmax_rows(flat, top, [o + j for o, w in words for j in range(len(w))], np.concatenate([w for _, w in words]))
         self.host[:N].copy_(top, non_blocking=self.event is not None)
         if self.event is not None: self.event.record()
         got = Launched(rows, starts, top, self.host, self.event, ids)

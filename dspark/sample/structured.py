@@ -16,7 +16,7 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 # %% auto #0
-__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'Grammars', 'grammar_greedy', 'DraftWalk']
+__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'masked_argmax_rows', 'Grammars', 'grammar_greedy', 'DraftWalk']
 
 # %% ../../nbs/02b_structured.ipynb #b7e1c002
 KINDS = ("json", "json_object", "regex", "choice", "grammar")       # vLLM's `structured_outputs` keys served here
@@ -71,6 +71,24 @@ def unpack_masks(words: np.ndarray, V: int, device=None) -> torch.Tensor:
     bits = np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=-1, bitorder="little")
     out = torch.from_numpy(bits[:, :V].astype(bool))
     return out if device is None else out.to(device)
+
+def masked_argmax_rows(flat: torch.Tensor, top: torch.Tensor, rows: list[int], words: np.ndarray) -> None:
+    """Set `top[rows[i]]` to the argmax of `flat[rows[i]]` over the tokens mask `words[i]` allows (llguidance's words
+    `[M, W]` int32; ties to the lowest index). On a GPU with the sampling kernels this is one pinned copy of rows and
+    words and one launch (`FAST["masked_argmax"]`), none of which waits for the queued work; elsewhere the masks
+    are unpacked to bools and the rows filled."""
+    from .sampling import FAST                       # here: sampling imports this module
+    V = flat.shape[-1]
+    if flat.is_cuda and (fast := FAST.get("masked_argmax")) is not None:
+        W = (V + 31) // 32                           # the grammar's words may cover a larger tokenizer
+        packed = np.empty((len(rows), 1 + W), dtype=np.int32)
+        packed[:, 0], packed[:, 1:] = rows, words[:, :W]
+        fast(flat, top, torch.from_numpy(packed).pin_memory().to(flat.device, non_blocking=True))
+        return
+    allowed = unpack_masks(words, V, flat.device)
+    idx = torch.tensor(rows, dtype=torch.long)
+    idx = idx.pin_memory().to(flat.device, non_blocking=True) if flat.is_cuda else idx.to(flat.device)
+    top[idx] = flat[idx].masked_fill(~allowed, float("-inf")).argmax(-1)
 
 def _eos_only(row: np.ndarray, eos: int) -> None:
     "Make `row` (one mask's words) allow the end of sequence alone: a complete grammar's mask."
@@ -191,10 +209,9 @@ class Grammars:
         prefill chunk that does not reach the end of the request's tokens (k < 0) samples nothing."""
         items = [(r, e, k) for r, e, k in items if k >= 0]
         if not items: return
-        K = max(k for *_, k in items)
-        allowed = self.round_masks([r for r, *_ in items], [r.drafts[:k] for r, _, k in items], K + 1, flat.device)
-        at = torch.tensor([[e - k - 1 + min(j, k) for j in range(K + 1)] for _, e, k in items], device=flat.device)
-        top[at] = flat[at].masked_fill(~allowed, float("-inf")).argmax(-1)   # padding rows repeat the last: same value
+        words = [self.mask_words(r, r.drafts[:k]) for r, _, k in items]   # row j: after the first j drafts
+        at = [e - k - 1 + j for (_, e, k), w in zip(items, words) for j in range(len(w))]
+        masked_argmax_rows(flat, top, at, np.concatenate(words))
 
     def walk(self, reqs: list, toks: list[list[int]], n: list[int], device) -> DraftWalk:
         "A `DraftWalk` of `reqs`, each after its committed tokens and `toks[i]`, drafting at most `n[i]` tokens."
