@@ -228,9 +228,11 @@ def test_masked_argmax_kernel_equals_unpacked_reference(dtype):
     rows = [0, 3, 4, 7, 8]
     want = torch.full((N,), -1, dtype=torch.long)
     want[rows] = x[rows].float().masked_fill(~unpack_masks(words, V), float("-inf")).argmax(-1)
-    got = torch.full((N,), -1, dtype=torch.long)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the device's compiled kernel there, the interpreter here
+    got = torch.full((N,), -1, dtype=torch.long, device=dev)
     packed = np.empty((len(rows), 1 + (V + 31) // 32), dtype=np.int32)
     packed[:, 0], packed[:, 1:] = rows, words[:, :(V + 31) // 32]
-    masked_argmax_triton(x, got, torch.from_numpy(packed))
+    masked_argmax_triton(x.to(dev), got, torch.from_numpy(packed).to(dev))
+    got = got.cpu()
     assert torch.equal(got, want)
     assert got[3] == 0 and got[4] == 40 * 32 + 7
