@@ -128,3 +128,14 @@ def test_a_choice_of_many_strings_is_honoured():
     outs = llm.generate(["x"] * 4, [SamplingParams(temperature=1.0, max_tokens=16, seed=s, structured_outputs={"choice": choices})
                                     for s in range(4)], use_tqdm=False)
     assert all(o.outputs[0].text in choices and o.outputs[0].finish_reason == "stop" for o in outs)
+
+
+@pytest.mark.parametrize("spec", [None, "dspark"])
+def test_a_complete_grammar_ends_before_min_tokens(spec):
+    """`min_tokens` hides the end of sequence, but a grammar that allows nothing else ends the output there: the
+    request finishes with the grammar's text (it failed with token 0 breaking the grammar)."""
+    llm = LLM(speculative=spec, max_num_seqs=4)
+    sp = [SamplingParams(temperature=t, max_tokens=30, min_tokens=20, seed=1, structured_outputs={"choice": ["yes", "no"]})
+          for t in (0.0, 1.0)]
+    for o in llm.generate(["x", "x"], sp, use_tqdm=False):
+        assert o.outputs[0].text in ("yes", "no") and o.outputs[0].finish_reason == "stop", o.outputs[0]

@@ -32,7 +32,8 @@ def apply_processors(logits: torch.Tensor, params: SamplingParams, history: list
     verifies draft `j` of a round, the generated part ends with that round's drafts before `j`. `stop_ids`: what
     `min_tokens` masks besides `params.stop_token_ids` (the eos the engine stops on). A request without any of
     them gets its logits back as fp32, unchanged. `allowed`: a structured-outputs mask `[N, V]` (chapter 02b), applied
-    first: a token it forbids is -inf whatever follows."""
+    first: a token it forbids is -inf whatever follows; where it allows only stop tokens (the output is complete),
+    `min_tokens` hides none of them: the grammar ends the output."""
     x = logits.float().clone()
     if allowed is not None: x = x.masked_fill(~allowed.to(x.device), float("-inf"))
     N, V = x.shape
@@ -44,6 +45,10 @@ def apply_processors(logits: torch.Tensor, params: SamplingParams, history: list
     if params.min_tokens and (mask := _stop_mask(params, stop_ids)):
         short = torch.tensor([len(g) < params.min_tokens for _, g in history], device=dev)
         cols = torch.tensor([t for t in mask if t < V], dtype=torch.long, device=dev)
+        if allowed is not None:              # a grammar that allows nothing but a stop token ends there, min_tokens or
+            more = allowed.to(dev).clone()   # not: hiding it would leave the row no token at all
+            more[:, cols] = False
+            short &= more.any(-1)
         x[:, cols] = x[:, cols].masked_fill(short[:, None], float("-inf"))
     rep, fp, pp = params.repetition_penalty, params.frequency_penalty, params.presence_penalty
     if rep != 1.0 or fp or pp:
