@@ -2,7 +2,7 @@
 the engine with the FP8/FP4 kernels (chapters 18a, 18b), against the HBM floor of the bytes a step reads.
 
     python benchmarks/scripts/v4_flash_decode.py [--layers N] [--eager] [--tag T]   # writes $OUT/v4_flash_decode_T.json
-    python benchmarks/scripts/v4_flash_decode.py --model deepseek-v4-flash-0731 --modes none dspark dspark+capacity \
+    python benchmarks/scripts/v4_flash_decode.py --model deepseek-v4-flash-0731 --modes none dspark dspark:2 dspark+capacity \
         --simulate-acceptance 3.34 --concurrency 1 64 --prefill        # DSpark on dummy weights, simulated acceptance
 
 Decode tok/s at concurrency C comes from two greedy runs of C requests that differ only in max_tokens (16 and 16 + T):
@@ -74,11 +74,12 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
         import dspark.runtime.graphs as graphs
         graphs.fp8_grouped_linear = lambda *args: None
     spec = None if mode == "none" else "dspark"
+    K = int(mode.split(":")[1]) if ":" in mode else None          # dspark:K: K drafts verified a round, fixed
     t0 = time.perf_counter()
     llm = dspark.LLM(model=a.model, load_format="dummy", quantization=a.quantization, hf_overrides=overrides(a.model, n),
                      device="cuda", dtype="bfloat16", enforce_eager=a.eager, speculative=spec,
                      simulate_acceptance=a.simulate_acceptance if spec else None,
-                     capacity="auto" if mode == "dspark+capacity" else None,
+                     capacity="auto" if mode == "dspark+capacity" else None, num_speculative_tokens=K,
                      max_model_len=a.max_model_len, max_num_seqs=max(a.concurrency), max_num_batched_tokens=a.tokens,
                      gpu_memory_utilization=0.92)
     m = out["modes"].setdefault(mode, {"rows": {}})
@@ -192,7 +193,7 @@ def main(a) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="deepseek-v4-flash", help="a named config: deepseek-v4-flash or deepseek-v4-flash-0731")
-    ap.add_argument("--modes", nargs="+", default=["none"], choices=["none", "dspark", "dspark+capacity"])
+    ap.add_argument("--modes", nargs="+", default=["none"], help="none | dspark | dspark+capacity | dspark:K (K drafts a round, fixed)")
     ap.add_argument("--simulate-acceptance", type=float, default=None, help="dummy weights: the speculative modes' mean acceptance length")
     ap.add_argument("--quantization", default="auto", choices=["auto", "none"], help="none: the bf16 path, for comparison")
     ap.add_argument("--tag", default="run", help="the output file is $OUT/v4_flash_decode_<tag>.json")
