@@ -175,3 +175,18 @@ def test_one_gemm_for_the_x_projections_changes_no_logit(tiny_ckpt):
     for a, b, ref in zip(after, before, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(b, ref, rtol=1e-4, atol=1e-4)    # each projection reaches its place
+
+
+def test_the_sps_profile_steps_carry_distinct_tokens(runner):
+    """Capacity control's SPS curve times all-padding replays; their rows carry distinct token ids, so a mixture of
+    experts routes them as it routes a real verify step's (one id everywhere sent every row to the same experts and
+    priced a many-token step at V4-Flash width like a one-token one)."""
+    r, _, _ = runner
+    seen = []
+    class Replay:                                      # stands in for a captured graph: what would it read?
+        def replay(self): seen.append((r.buf.ids[:8].clone(), r.buf.tok_req[:8].clone()))
+    saved, r.graphs = r.graphs, {8: (Replay(), None)}
+    try: r.step_ms(8, reps=2)
+    finally: r.graphs = saved
+    ids, req = seen[-1]
+    assert len(set(ids.tolist())) >= 6 and (req == -1).all()    # varied tokens, every row still padding

@@ -34,7 +34,7 @@ from ..model.layers import (Expert, Gate, MoE, RMSNorm, hc_head, hc_post, hc_pre
                                  set_moe_impl, stack_linears)
 from ..sample.sampling import RowParams, signed64
 from ..timing import capture_graphs, device_ms
-from .buffers import HostStage, StepBuffers, fill_buffers
+from .buffers import PACKED, HostStage, StepBuffers, fill_buffers
 from .static import StepOutputs, forward_static, x_linears
 from .memory import free_bytes
 from ..model.mhc import unregister_post
@@ -214,8 +214,14 @@ class GraphRunner:
 
     def step_ms(self, n: int, reps: int = 5) -> float:
         """Median device milliseconds of one replay of bucket `n` with every row padding (so it writes only the
-        scratch sinks): what a verify step of `n` tokens costs, for capacity control's SPS curve."""
+        scratch sinks): what a verify step of `n` tokens costs, for capacity control's SPS curve. The rows carry
+        distinct token ids, as a verify step's do: with one id everywhere a mixture-of-experts model routes every
+        row to the same few experts, and a step of many tokens came out as cheap as one (V4-Flash width: a 96-token
+        verify reads nearly all 256 experts of a layer, a step of one token 6)."""
         self._pad_only(n)
+        ids = torch.randint(0, self.model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
+        self.buf.packed[:n, PACKED.index("ids")].copy_(ids)
+        self.buf.unpack(n)
         return device_ms(self.graphs[n][0].replay, reps)
 
     def can_replay(self, chunks, seqs, taps, finals) -> bool:
