@@ -5,6 +5,7 @@ import math
 from dataclasses import fields
 
 import pytest
+import torch
 
 import dspark
 from dspark.engine.args import EngineArgs
@@ -122,3 +123,29 @@ def test_bench_labels_its_records(tiny_ckpt):
     assert split_raw(rec)["config"]["simulated_acceptance"] == 3.34
     assert "simulated acceptance 3.34" in format_table(rec).splitlines()[0]
     assert "simulated" not in format_table({k: v for k, v in rec.items() if k != "simulated_acceptance"})
+
+
+def test_the_confidence_head_is_calibrated_to_the_simulation(tiny_ckpt):
+    """Under simulated acceptance every draft is accepted with probability p whatever it is, so the drafter's
+    confidence logits are logit(p) on every path that makes them (greedy loop, sampled rows, masked loop), and
+    capacity control reads survivals p^k; without the option they are the head's own."""
+    from dspark.sample.sampling import RowParams
+    llm = dspark.LLM(tiny_ckpt, speculative="dspark", num_speculative_tokens=K, device="cpu", simulate_acceptance=2.5,
+                     kv_cache_memory_bytes=32 * 2**20)
+    d, p = llm.runner.proposer.drafter, llm.runner.simulated.p
+    want = math.log(p / (1 - p))
+    assert d.confidence_logit == pytest.approx(want)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, d.block_size, d.cfg.hidden_size, generator=g).to(d.last.markov_head.markov_w1.weight.dtype)
+    anchors, P = torch.tensor([3, 4, 5]), torch.tensor([10, 11, 12])
+    _, greedy = d.greedy_from_hidden(h, anchors, K)
+    U = d.base_logits(h)
+    _, _, sampled = d.markov_rows(U, h, anchors, RowParams.of([dspark.SamplingParams(temperature=1.0)] * 3, [1, 2, 3], "cpu"), P, K)
+    _, _, masked = d.markov_masked(h, anchors, P, K, RowParams.of([dspark.SamplingParams()] * 3, [0] * 3, "cpu"),
+                                   lambda k, last: torch.ones(3, U.shape[-1], dtype=torch.bool), greedy=True)
+    for conf in (greedy, sampled, masked):
+        assert conf.shape == (3, K) and torch.allclose(conf, torch.full_like(conf, want))
+    plain = dspark.LLM(tiny_ckpt, speculative="dspark", num_speculative_tokens=K, device="cpu", kv_cache_memory_bytes=32 * 2**20)
+    assert plain.runner.proposer.drafter.confidence_logit is None
+    _, own = plain.runner.proposer.drafter.greedy_from_hidden(h, anchors, K)
+    assert not torch.allclose(own, torch.full_like(own, want))

@@ -134,6 +134,7 @@ class EngineCore:
         K = speculative_depth(cfg, speculative, num_speculative_tokens, model)
         simulated = SimulatedAcceptance.of(simulate_acceptance, K, seed)   # benchmarks on dummy weights only (chapter 25b)
         drafter = self._load_drafter(model, speculative)
+        if simulated is not None and speculative == "dspark": drafter.simulate_confidence(simulated.p)   # calibrated to it
         if str(device).startswith("cuda") and quantization == "auto":     # FP8/FP4 kernels, also when eager
             from dspark.runtime.graphs import stored_kernels; log.info(stored_kernels(self.model, drafter))
         if fp8_draft_head:
@@ -142,8 +143,7 @@ class EngineCore:
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         self.max_prompt_chars = self._max_prompt_chars()
         if self.max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
-                             f"{cfg.max_position_embeddings}")
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}")
         block_size = block_size or default_block_size(cfg)
         cache_dtype, fp8 = cache_format(kv_cache_dtype, self.model.embed.weight.dtype, device)
         self.memory = None                                       # a graphs.MemoryProfile when measured

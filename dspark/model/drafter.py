@@ -7,6 +7,7 @@ Docs: https://dspark-dev.github.io/dspark/drafter.html.md"""
 # %% ../../nbs/09_drafter.ipynb #721dda6c
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable
 
@@ -110,6 +111,7 @@ class DSparkDrafter(nn.Module):
         self.masked_kernel = None                    # ... and its masked loop, one launch a position
         self.skip_forced = True                      # masked drafting: a position the grammar forces runs nothing
         self.window_kernel = None                    # ... the context window's mask in one (`kernels_draft.window_triton`)
+        self.confidence_logit: float | None = None   # benchmarks: every confidence logit this value (`simulate_confidence`)
 
     @property
     def target(self) -> Transformer: return self._target[0]
@@ -232,6 +234,14 @@ class DSparkDrafter(nn.Module):
         U = self.target.head(self.last.norm(h))
         return U.float() if fp32 else U
 
+    def simulate_confidence(self, p: float) -> None:
+        """Simulated acceptance only (benchmarks on dummy weights, chapter 25b): every draft is accepted with
+        probability `p` whatever it is, so a calibrated confidence head says `logit(p)` at every position, and this
+        drafter's head now does (a dummy head's logits are noise). Capacity control then reads survivals `p^k`, the
+        rate the simulation draws, and its choices answer the load alone."""
+        p = min(max(p, 1e-6), 1 - 1e-6)
+        self.confidence_logit = math.log(p / (1 - p))
+
     def use_fp8_head(self) -> str:
         "Draft with a rowwise-FP8 copy of the target's head (the target keeps its own); returns the memory line."
         self.fp8_head = RowwiseFP8Head(self.target.head.weight)
@@ -260,7 +270,9 @@ class DSparkDrafter(nn.Module):
         return torch.stack(prev[1:], 1), torch.stack(qs, 1), self._confidence(h[:, :n], torch.stack(prev[:-1], 1))
 
     def _confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        "Confidence logits `w·[h_k ; W₁[x_{k−1}]]` for hidden states `[R, n, D]` and previous tokens `[R, n]`, fp32."
+        """Confidence logits `w·[h_k ; W₁[x_{k−1}]]` for hidden states `[R, n, D]` and previous tokens `[R, n]`, fp32
+        (`confidence_logit` everywhere when a simulation set it)."""
+        if self.confidence_logit is not None: return h.new_full(prev.shape, self.confidence_logit, dtype=torch.float32)
         e = self.last.markov_head.markov_w1(prev)
         return torch.cat([h.float(), e.float()], -1) @ self.last.confidence_head.proj.weight.float()[0]
 
@@ -352,7 +364,8 @@ class DSparkDrafter(nn.Module):
         U = self.base_logits(h, fp32=not fast) if U is None else U if fast else U.float()
         mh, n = self.last.markov_head, min(n, self.block_size)
         loop = self.markov_kernel if fast else markov_greedy
-        return loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)
+        drafts, conf = loop(U, h, anchors, mh.markov_w1.weight, mh.markov_w2.weight, self.last.confidence_head.proj.weight[0], n)
+        return drafts, conf if self.confidence_logit is None else torch.full_like(conf, self.confidence_logit)
 
 # %% ../../nbs/09_drafter.ipynb #f5e084e2
 class RowwiseFP8Head(nn.Module):

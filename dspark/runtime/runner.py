@@ -80,7 +80,7 @@ class SimulatedAcceptance:
     (no room left, capacity control) accepts proportionally less. Greedy rounds that run as fused round graphs
     (chapter 23, launched ahead as with trained weights) draw the same rule on the device (`simulate_matches`);
     other steps verify by `accept` on the host (chapter 25's `VerifyAhead` launches them ahead). The target's verify
-    forward and the drafter run as always, so their costs are real."""
+    forward and the drafter run as always, so their costs are real; DSpark's confidence head says logit p (calibrated)."""
     def __init__(self, a: float, K: int, seed: int = 0):
         if K < 1: raise ValueError("simulate_acceptance needs speculative decoding (speculative='dspark' or 'mtp'); it is off")
         self.a, self.K, self.p, self.rng = float(a), K, acceptance_probability(a, K), random.Random(seed)
