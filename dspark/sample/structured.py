@@ -247,8 +247,10 @@ class DraftWalk:
         for i, (m, ts) in enumerate(zip(self.ms, toks)):
             for t in ts:
                 if not (m.is_stopped() and t == grammars.eos) and not m.consume_token(t): self.n[i] = 0; break
-        self.words = np.zeros((len(reqs), grammars.W), dtype=np.int32)   # the position's masks, as llguidance writes them
-        self.rows = [[] for _ in reqs]              # each request's masks, position by position
+        # every position's masks `[K + 1, R, W]`, as llguidance writes them: request i's rows are `block[:n_i, i]`, and
+        # close() writes the mask after its drafts into `block[n_i, i]` (a view each, no per-row copies or stacks)
+        self.block = np.empty((max(self.n, default=0) + 1, len(reqs), grammars.W), dtype=np.int32)
+        self.words = self.block[0]                  # the current position's masks
         self.took = [0] * len(reqs)                 # drafts each matcher has taken
         self.ok = [n > 0 for n in self.n]           # whether the walk's rows may serve verification
         self._forced: list[int] | None = None       # the last position's one-token masks (`forced`)
@@ -275,7 +277,8 @@ class DraftWalk:
 
     def _walk(self, k: int, last: list[int] | None) -> list[int]:
         "Take the drafts `last`, fill `self.words` with position `k`'s masks; the requests still drafting."
-        words, live, pred = self.words, [], self.predicted
+        self.words = words = self.block[k]
+        live, pred = [], self.predicted
         words[:] = -1                                                        # every token, for rows that have ended
         for i, m in enumerate(self.ms):
             if k >= self.n[i]: continue
@@ -287,9 +290,8 @@ class DraftWalk:
             if m.is_stopped(): self.n[i] = k; continue
             live.append(i)
         self.g.compute([self.ms[i] for i in live], words, live)
-        for i in list(live):
-            if _any_below(words[i], self.V): self.rows[i].append(words[i].copy())
-            else: self.n[i] = k; words[i] = -1; live.remove(i)               # nothing of this vocabulary: stop here
+        for i in [i for i in live if not _any_below(words[i], self.V)]:
+            self.n[i] = k; words[i] = -1; live.remove(i)                     # nothing of this vocabulary: stop here
         self._forced = [0] * len(self.ms) if live else None
         for i in live:
             if (t := _only_token(words[i])) is None: self._forced = None; break
@@ -310,15 +312,15 @@ class DraftWalk:
     def close(self, drafts: list[list[int]]) -> None:
         """After the drafter's loop, given each request's drafts (at least its `n[i]`): the matchers take the drafts
         they have not seen, and each request's rows, with the mask after all its drafts, go to `Grammars.walked`."""
-        need, words = [], np.zeros((len(self.ms), self.words.shape[1]), dtype=np.int32)
+        need, R, flat = [], len(self.ms), self.block.reshape(-1, self.block.shape[-1])
         for i, m in enumerate(self.ms):
             if not self.ok[i]: continue
             for t in drafts[i][self.took[i]:self.n[i]]:
                 if not m.consume_token(t): self.ok[i] = False; break
             if not self.ok[i]: continue
-            if m.is_stopped(): _eos_only(words[i], self.g.eos)
+            if m.is_stopped(): _eos_only(self.block[self.n[i], i], self.g.eos)
             else: need.append(i)
-        self.g.compute([self.ms[i] for i in need], words, need)
+        self.g.compute([self.ms[i] for i in need], flat, [self.n[i] * R + i for i in need])   # into block[n_i, i]
         for i, rid in enumerate(self.rids):
-            if self.ok[i]: self.g.walked[rid] = (self.start[i], list(drafts[i][:self.n[i]]), np.stack(self.rows[i][:self.n[i]] + [words[i]]))
+            if self.ok[i]: self.g.walked[rid] = (self.start[i], list(drafts[i][:self.n[i]]), self.block[:self.n[i] + 1, i])
             else: self.g.walked.pop(rid, None)
