@@ -214,9 +214,8 @@ def test_sampled_request_joining_greedy_ones_with_drafts(tiny_ckpt, tmp_path, me
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_masked_argmax_kernel_equals_unpacked_reference(dtype):
     "The one-launch masked argmax picks what unpacking, filling and `argmax` pick: ties, empty masks, wide words."
-    import numpy as np
     from dspark.kernels.sample import masked_argmax_triton
-    from dspark.sample.structured import unpack_masks
+    from dspark.sample.structured import pack_rows, unpack_masks
     g = torch.Generator().manual_seed(0)
     N, V = 9, 3000                                        # V not a multiple of 32 or of the kernel's block
     x = torch.randint(-3, 3, (N, V), generator=g).to(dtype)   # few values: ties everywhere
@@ -230,9 +229,8 @@ def test_masked_argmax_kernel_equals_unpacked_reference(dtype):
     want[rows] = x[rows].float().masked_fill(~unpack_masks(words, V), float("-inf")).argmax(-1)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the device's compiled kernel there, the interpreter here
     got = torch.full((N,), -1, dtype=torch.long, device=dev)
-    packed = np.empty((len(rows), 1 + (V + 31) // 32), dtype=np.int32)
-    packed[:, 0], packed[:, 1:] = rows, words[:, :(V + 31) // 32]
-    masked_argmax_triton(x.to(dev), got, torch.from_numpy(packed).to(dev))
+    packed = pack_rows(rows, [words[:2], words[2:]], V)   # two requests' rows, as the engine hands them
+    masked_argmax_triton(x.to(dev), got, packed.to(dev))
     got = got.cpu()
     assert torch.equal(got, want)
     assert got[3] == 0 and got[4] == 40 * 32 + 7

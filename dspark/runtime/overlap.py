@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .buffers import fill_layout
@@ -312,7 +311,7 @@ class VerifyAhead:
         top = self.top[:N]
         torch.argmax(flat, -1, out=top)
         if words:                                  # each constrained request's rows: the argmax of its masked rows
-            masked_argmax_rows(flat, top, [o + j for o, w in words for j in range(len(w))], np.concatenate([w for _, w in words]))
+            masked_argmax_rows(flat, top, [o + j for o, w in words for j in range(len(w))], [w for _, w in words])
         self.host[:N].copy_(top, non_blocking=self.event is not None)
         if self.event is not None: self.event.record()
         got = Launched(rows, starts, top, self.host, self.event, ids)

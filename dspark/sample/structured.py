@@ -16,7 +16,8 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 # %% auto #0
-__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'masked_argmax_rows', 'Grammars', 'grammar_greedy', 'DraftWalk']
+__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'pack_rows', 'masked_argmax_rows', 'Grammars', 'grammar_greedy',
+           'DraftWalk']
 
 # %% ../../nbs/02b_structured.ipynb #b7e1c002
 KINDS = ("json", "json_object", "regex", "choice", "grammar")       # vLLM's `structured_outputs` keys served here
@@ -72,20 +73,28 @@ def unpack_masks(words: np.ndarray, V: int, device=None) -> torch.Tensor:
     out = torch.from_numpy(bits[:, :V].astype(bool))
     return out if device is None else out.to(device)
 
-def masked_argmax_rows(flat: torch.Tensor, top: torch.Tensor, rows: list[int], words: np.ndarray) -> None:
-    """Set `top[rows[i]]` to the argmax of `flat[rows[i]]` over the tokens mask `words[i]` allows (llguidance's words
-    `[M, W]` int32; ties to the lowest index). On a GPU with the sampling kernels this is one pinned copy of rows and
-    words and one launch (`FAST["masked_argmax"]`), none of which waits for the queued work; elsewhere the masks
-    are unpacked to bools and the rows filled."""
+def pack_rows(rows: list[int], words: list[np.ndarray], V: int, pin: bool = False) -> torch.Tensor:
+    """`masked_argmax_triton`'s input: `[M, 1 + W]` int32, column 0 each row's index, then its mask's words for a
+    vocabulary of `V` (the grammar's may cover a larger tokenizer), written once (`pin`: into pinned memory)."""
+    W = (V + 31) // 32
+    buf = torch.empty((len(rows), 1 + W), dtype=torch.int32, pin_memory=pin)
+    packed, o = buf.numpy(), 0
+    packed[:, 0] = rows
+    for w in words: packed[o:o + len(w), 1:] = w[:, :W]; o += len(w)
+    return buf
+
+def masked_argmax_rows(flat: torch.Tensor, top: torch.Tensor, rows: list[int], words: list[np.ndarray]) -> None:
+    """Set `top[rows[i]]` to the argmax of `flat[rows[i]]` over the tokens its mask allows (ties to the lowest index):
+    `words`, llguidance's words of each request's rows in order (`[n_j, W]` int32 arrays, together one mask per row).
+    On a GPU with the sampling kernels the rows and masks are written once, into pinned memory, then copied and read
+    by one launch (`FAST["masked_argmax"]`), none of which waits for the queued work (at 64 requests the masks are
+    ~6 MB: two more host copies of them cost milliseconds a round); elsewhere they are unpacked to bools."""
     from .sampling import FAST                       # here: sampling imports this module
     V = flat.shape[-1]
     if flat.is_cuda and (fast := FAST.get("masked_argmax")) is not None:
-        W = (V + 31) // 32                           # the grammar's words may cover a larger tokenizer
-        packed = np.empty((len(rows), 1 + W), dtype=np.int32)
-        packed[:, 0], packed[:, 1:] = rows, words[:, :W]
-        fast(flat, top, torch.from_numpy(packed).pin_memory().to(flat.device, non_blocking=True))
+        fast(flat, top, pack_rows(rows, words, V, pin=True).to(flat.device, non_blocking=True))
         return
-    allowed = unpack_masks(words, V, flat.device)
+    allowed = unpack_masks(np.concatenate(words), V, flat.device)
     idx = torch.tensor(rows, dtype=torch.long)
     idx = idx.pin_memory().to(flat.device, non_blocking=True) if flat.is_cuda else idx.to(flat.device)
     top[idx] = flat[idx].masked_fill(~allowed, float("-inf")).argmax(-1)
@@ -211,7 +220,7 @@ class Grammars:
         if not items: return
         words = [self.mask_words(r, r.drafts[:k]) for r, _, k in items]   # row j: after the first j drafts
         at = [e - k - 1 + j for (_, e, k), w in zip(items, words) for j in range(len(w))]
-        masked_argmax_rows(flat, top, at, np.concatenate(words))
+        masked_argmax_rows(flat, top, at, words)
 
     def walk(self, reqs: list, toks: list[list[int]], n: list[int], device) -> DraftWalk:
         "A `DraftWalk` of `reqs`, each after its committed tokens and `toks[i]`, drafting at most `n[i]` tokens."
