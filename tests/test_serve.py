@@ -115,6 +115,14 @@ def test_chat_streaming_and_seeds(client):
     assert new.usage.completion_tokens == 7
 
 
+def test_developer_role_is_a_system_turn(client):
+    "OpenAI's `developer` role (what the openai client sends for system instructions to newer models) renders as `system`."
+    kw = dict(model="tiny", max_tokens=6, temperature=0)
+    dev = client.chat.completions.create(messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}], **kw)
+    sys_ = client.chat.completions.create(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], **kw)
+    assert dev.usage.prompt_tokens == sys_.usage.prompt_tokens and dev.choices[0].message.content == sys_.choices[0].message.content
+
+
 def test_add_generation_prompt_false_leaves_the_assistant_opening_off(client, offline):
     """vLLM's `add_generation_prompt`: False renders the messages without the assistant's opening, so the prompt
     is exactly `encode_chat(..., add_generation_prompt=False)` and the greedy reply is `LLM.generate`'s on it."""
@@ -219,6 +227,9 @@ BAD = [  # (name, path, body or raw bytes, status, field/message fragment)
     ("lone surrogate", "/v1/completions", b'{"prompt": "ab\\ud800c", "max_tokens": 2}', 400, "lone surrogate U+D800"),
     ("lone surrogate in chat", "/v1/chat/completions",
      b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}', 400, "lone surrogate U+DFFF"),
+    ("GBNF that does not parse", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                          "structured_outputs": {"grammar": "root ::= ("}}, 400, "GBNF: Expected ')'"),
+    ("GBNF without root", "/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": 'foo ::= "x"'}}, 400, "No 'root' rule"),
 ]
 
 

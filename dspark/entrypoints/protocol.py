@@ -96,12 +96,18 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "user", "assistant", "tool"]       # OpenAI's "developer" arrives as "system" (below)
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None          # assistant turns that called tools
     tool_call_id: str | None = None                   # tool turns: the call they answer
     reasoning_content: str | None = None              # assistant turns' thinking, as vLLM returns it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _developer(cls, m):
+        "OpenAI's `developer` role (its newer name for system instructions, which the openai client sends) is a system turn."
+        return {**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
 
 class FunctionDef(_Strict):
     """A tool's function. Its name goes into the prompt and into the tool-call grammar inside quotes, so it keeps to

@@ -41,7 +41,9 @@ def _compile(kind: str, text: str) -> str:
         g = llg.LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in v))
     else:
         if not isinstance(v, str): raise ValueError("grammar must be a string (Lark, or GBNF with `::=` rules)")
-        g = llg.LLMatcher.grammar_from_lark(gbnf_to_lark(v) if "::=" in v else v)
+        try: lark = gbnf_to_lark(v) if "::=" in v else v
+        except Exception as e: raise ValueError(f"GBNF: {str(e).strip()[:300] or type(e).__name__}") from None   # its own error types
+        g = llg.LLMatcher.grammar_from_lark(lark)
     err = llg.LLMatcher.validate_grammar(g)
     if err: raise ValueError(f"{kind}: {err.strip().splitlines()[0] if err.strip() else err}")
     return g
