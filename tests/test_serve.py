@@ -229,6 +229,8 @@ BAD = [  # (name, path, body or raw bytes, status, field/message fragment)
      b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}', 400, "lone surrogate U+DFFF"),
     ("GBNF that does not parse", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                           "structured_outputs": {"grammar": "root ::= ("}}, 400, "GBNF: Expected ')'"),
+    ("image content part", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]}, 400, "content part of type 'image_url' is not supported"),
     ("GBNF without root", "/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": 'foo ::= "x"'}}, 400, "No 'root' rule"),
 ]
 

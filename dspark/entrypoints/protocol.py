@@ -109,6 +109,16 @@ class ChatMessage(_Strict):
         "OpenAI's `developer` role (its newer name for system instructions, which the openai client sends) is a system turn."
         return {**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, m):
+        "A content part other than text (an image, audio, a file) is named: the model reads text only."
+        parts = m.get("content") if isinstance(m, dict) else None
+        for p in parts if isinstance(parts, list) else []:
+            if isinstance(p, dict) and p.get("type") != "text":
+                raise ValueError(f"content part of type {p.get('type')!r} is not supported: this model reads text parts only")
+        return m
+
 class FunctionDef(_Strict):
     """A tool's function. Its name goes into the prompt and into the tool-call grammar inside quotes, so it keeps to
     OpenAI's character set (plus `.` and `:`, which MCP tool names use); its parameters are an object schema, as
