@@ -105,19 +105,14 @@ class ChatMessage(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _developer(cls, m):
-        "OpenAI's `developer` role (its newer name for system instructions, which the openai client sends) is a system turn."
-        return {**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_only(cls, m):
-        "A content part other than text (an image, audio, a file) is named: the model reads text only."
-        parts = m.get("content") if isinstance(m, dict) else None
-        for p in parts if isinstance(parts, list) else []:
+    def _developer_text(cls, m):
+        """OpenAI's `developer` role (its newer name for system instructions, which the openai client sends) is a system
+        turn; a content part other than text (an image, audio, a file) is named: the model reads text only."""
+        if not isinstance(m, dict): return m
+        for p in m["content"] if isinstance(m.get("content"), list) else []:
             if isinstance(p, dict) and p.get("type") != "text":
                 raise ValueError(f"content part of type {p.get('type')!r} is not supported: this model reads text parts only")
-        return m
+        return {**m, "role": "system"} if m.get("role") == "developer" else m
 
 class FunctionDef(_Strict):
     """A tool's function. Its name goes into the prompt and into the tool-call grammar inside quotes, so it keeps to

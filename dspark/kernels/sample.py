@@ -153,5 +153,7 @@ def masked_argmax_triton(x: torch.Tensor, out: torch.Tensor, packed: torch.Tenso
 
 # %% ../../nbs/16_kernels_sample.ipynb #a8bf95bc
 from ..sample.sampling import FAST
+from ..sample.structured import FAST_MASKED
 
-FAST.update(keyed_uniforms=keyed_uniforms_triton, draw_keyed=draw_keyed_triton, masked_argmax=masked_argmax_triton)
+FAST.update(keyed_uniforms=keyed_uniforms_triton, draw_keyed=draw_keyed_triton)
+FAST_MASKED.update(argmax=masked_argmax_triton)

@@ -16,8 +16,8 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 # %% auto #0
-__all__ = ['KINDS', 'JSON_OPTIONS', 'grammar_of', 'unpack_masks', 'pack_rows', 'masked_argmax_rows', 'Grammars', 'grammar_greedy',
-           'DraftWalk']
+__all__ = ['KINDS', 'JSON_OPTIONS', 'FAST_MASKED', 'grammar_of', 'unpack_masks', 'pack_rows', 'masked_argmax_rows', 'Grammars',
+           'grammar_greedy', 'DraftWalk']
 
 # %% ../../nbs/02b_structured.ipynb #b7e1c002
 KINDS = ("json", "json_object", "regex", "choice", "grammar")       # vLLM's `structured_outputs` keys served here
@@ -75,6 +75,9 @@ def unpack_masks(words: np.ndarray, V: int, device=None) -> torch.Tensor:
     out = torch.from_numpy(bits[:, :V].astype(bool))
     return out if device is None else out.to(device)
 
+FAST_MASKED: dict = {}   # the GPU twin of `masked_argmax_rows`' fallback, filled by the sampling kernels (chapter 16)
+                         # when they are imported: this floor never imports the kernels above it
+
 def pack_rows(rows: list[int], words: list[np.ndarray], V: int, pin: bool = False) -> torch.Tensor:
     """`masked_argmax_triton`'s input: `[M, 1 + W]` int32, column 0 each row's index, then its mask's words for a
     vocabulary of `V` (the grammar's may cover a larger tokenizer), written once (`pin`: into pinned memory)."""
@@ -89,11 +92,10 @@ def masked_argmax_rows(flat: torch.Tensor, top: torch.Tensor, rows: list[int], w
     """Set `top[rows[i]]` to the argmax of `flat[rows[i]]` over the tokens its mask allows (ties to the lowest index):
     `words`, llguidance's words of each request's rows in order (`[n_j, W]` int32 arrays, together one mask per row).
     On a GPU with the sampling kernels the rows and masks are written once, into pinned memory, then copied and read
-    by one launch (`FAST["masked_argmax"]`), none of which waits for the queued work (at 64 requests the masks are
+    by one launch (`FAST_MASKED["argmax"]`), none of which waits for the queued work (at 64 requests the masks are
     ~6 MB: two more host copies of them cost milliseconds a round); elsewhere they are unpacked to bools."""
-    from .sampling import FAST                       # here: sampling imports this module
     V = flat.shape[-1]
-    if flat.is_cuda and (fast := FAST.get("masked_argmax")) is not None:
+    if flat.is_cuda and (fast := FAST_MASKED.get("argmax")) is not None:
         fast(flat, top, pack_rows(rows, words, V, pin=True).to(flat.device, non_blocking=True))
         return
     allowed = unpack_masks(np.concatenate(words), V, flat.device)
