@@ -16,8 +16,8 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 # %% auto #0
-__all__ = ['KINDS', 'JSON_OPTIONS', 'FAST_MASKED', 'grammar_of', 'unpack_masks', 'pack_rows', 'masked_argmax_rows', 'Grammars',
-           'grammar_greedy', 'DraftWalk']
+__all__ = ['KINDS', 'JSON_OPTIONS', 'FAST_MASKED', 'QUIET', 'grammar_of', 'unpack_masks', 'pack_rows', 'masked_argmax_rows',
+           'Grammars', 'grammar_greedy', 'DraftWalk']
 
 # %% ../../nbs/02b_structured.ipynb #b7e1c002
 KINDS = ("json", "json_object", "regex", "choice", "grammar")       # vLLM's `structured_outputs` keys served here
@@ -124,6 +124,13 @@ def _any_below(row: np.ndarray, V: int) -> bool:
     w, full = row.view(np.uint32), V // 32
     return bool(np.count_nonzero(w[:full]) or (V % 32 and int(w[full]) & ((1 << V % 32) - 1)))   # count: 2x any's speed
 
+QUIET = llg.LLParserLimits(verbose_errors=False)   # llguidance's default limits; errors without the parser's state
+                                                  # (a page of it, which a client's error message has no use for)
+
+def _error(m: llg.LLMatcher) -> str:
+    "A matcher's error without the marker `QUIET` leaves where the parser's state would be."
+    return m.get_error().replace("<non-verbose/>", "").strip()
+
 class Grammars:
     """The grammar state of every constrained request: one llguidance matcher per request, kept in step with its
     committed tokens (it catches up on the tokens committed since it last looked, so the scheduler stays the only
@@ -165,11 +172,11 @@ class Grammars:
     def _matcher(self, r) -> llg.LLMatcher:
         m, seen = self.live.get(r.request_id, (None, 0))
         if m is None or seen > len(r.output_ids):
-            m, seen = llg.LLMatcher(self.tok, grammar_of(r.params.structured_outputs), log_level=0), 0
-            if m.is_error(): raise ValueError(f"request {r.request_id}: {m.get_error()}")
+            m, seen = llg.LLMatcher(self.tok, grammar_of(r.params.structured_outputs), log_level=0, limits=QUIET), 0
+            if m.is_error(): raise ValueError(f"request {r.request_id}: {_error(m)}")
         for t in r.output_ids[seen:]:
             if not (m.is_stopped() and t == self.eos) and not m.consume_token(t):   # ignore_eos: eos after the end
-                raise RuntimeError(f"request {r.request_id}: committed token {t} breaks its grammar: {m.get_error()[:200]}")
+                raise RuntimeError(f"request {r.request_id}: its grammar failed at committed token {t}: {_error(m)[:200]}")
         self.live[r.request_id] = (m, len(r.output_ids))
         return m
 
