@@ -115,14 +115,6 @@ def test_chat_streaming_and_seeds(client):
     assert new.usage.completion_tokens == 7
 
 
-def test_developer_role_is_a_system_turn(client):
-    "OpenAI's `developer` role (what the openai client sends for system instructions to newer models) renders as `system`."
-    kw = dict(model="tiny", max_tokens=6, temperature=0)
-    dev = client.chat.completions.create(messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}], **kw)
-    sys_ = client.chat.completions.create(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], **kw)
-    assert dev.usage.prompt_tokens == sys_.usage.prompt_tokens and dev.choices[0].message.content == sys_.choices[0].message.content
-
-
 def test_add_generation_prompt_false_leaves_the_assistant_opening_off(client, offline):
     """vLLM's `add_generation_prompt`: False renders the messages without the assistant's opening, so the prompt
     is exactly `encode_chat(..., add_generation_prompt=False)` and the greedy reply is `LLM.generate`'s on it."""

@@ -96,7 +96,7 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "tool"]       # OpenAI's "developer" arrives as "system" (below)
+    role: Literal["system", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None          # assistant turns that called tools
@@ -105,14 +105,12 @@ class ChatMessage(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _developer_text(cls, m):
-        """OpenAI's `developer` role (its newer name for system instructions, which the openai client sends) is a system
-        turn; a content part other than text (an image, audio, a file) is named: the model reads text only."""
-        if not isinstance(m, dict): return m
-        for p in m["content"] if isinstance(m.get("content"), list) else []:
+    def _text_only(cls, m):
+        "A content part other than text (an image, audio, a file) is named: the model reads text only."
+        for p in m["content"] if isinstance(m, dict) and isinstance(m.get("content"), list) else []:
             if isinstance(p, dict) and p.get("type") != "text":
                 raise ValueError(f"content part of type {p.get('type')!r} is not supported: this model reads text parts only")
-        return {**m, "role": "system"} if m.get("role") == "developer" else m
+        return m
 
 class FunctionDef(_Strict):
     """A tool's function. Its name goes into the prompt and into the tool-call grammar inside quotes, so it keeps to
