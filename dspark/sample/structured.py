@@ -318,7 +318,8 @@ class DraftWalk:
             self._forced[i] = t
         if self._forced is None and pred is not None and live and all(
                 self.on_track[i] and k < len(pred[i]) and _allows(words[i], pred[i][k], self.V) for i in live):
-            self._forced = [pred[i][k] if i in live else 0 for i in range(len(self.ms))]
+            self._forced = [0] * len(self.ms)
+            for i in live: self._forced[i] = pred[i][k]                      # (not `i in live` a row: R² at C64)
             self.hits += 1
         return live
 
