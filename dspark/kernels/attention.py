@@ -27,10 +27,30 @@ from ..model.quant import dequantize_index_rows, dequantize_kv_rows
 from ..model.layers import is_batch_invariant, topk_stable
 
 # %% auto #0
-__all__ = ['SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'BatchMeta', 'batch_meta', 'online_softmax_step', 'sparse_attention',
-           'sparse_attention_ref', 'indexer_scores', 'indexer_topk', 'indexer_topk_ref', 'medium_batch']
+__all__ = ['PDL', 'SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'gdc_entry', 'pdl_options', 'BatchMeta', 'batch_meta',
+           'online_softmax_step', 'sparse_attention', 'sparse_attention_ref', 'indexer_scores', 'indexer_topk',
+           'indexer_topk_ref', 'medium_batch']
 
 # %% ../../nbs/12_kernels_attention.ipynb #4cdc85ce
+PDL = {"on": False, "allowed": True}
+"""Programmatic dependent launch (Hopper and later; `runtime.graphs` turns it on once `pdl_check` agrees): a kernel
+launched with it may start while the kernel before it drains, and waits for that kernel's results (`gdc_entry`)
+before its first read or write, so its launch and set-up overlap the tail of the one before. Off, every kernel
+starts after the one before has finished, as a plain launch does. `allowed`: benchmarks set it False to time the
+plain launches (it takes effect at the next `runtime.graphs.fast_path`)."""
+
+@triton.jit
+def gdc_entry(GDC: tl.constexpr):
+    """A kernel's first statement: with `GDC`, wait until the kernel before it has finished and its writes are visible
+    (nothing is read or written before), then let the kernel after it start its launch."""
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+def pdl_options(kernel) -> dict:
+    "Launch options that start `kernel` as a programmatic dependent launch, when on and the kernel takes `GDC`."
+    return {"GDC": True, "launch_pdl": True} if PDL["on"] and "GDC" in kernel.arg_names else {}
+
 @dataclass
 class BatchMeta:
     "A ragged batch of tokens: where each belongs and where its request's blocks are (int32 tables, -1 padded)."
@@ -101,7 +121,8 @@ def _sparse_attn_kernel(q_ptr, o_ptr, ml_ptr, acc_ptr, win_ptr, ent_ptr, sink_pt
                         swsc_b, swsc_r, sesc_b, sesc_r,
                         D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                         MODE: tl.constexpr, PREC: tl.constexpr, NOPE: tl.constexpr, FP8: tl.constexpr,
-                        SPLITS: tl.constexpr):
+                        SPLITS: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t, hb, sp = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < H
@@ -150,8 +171,9 @@ def _sparse_attn_kernel(q_ptr, o_ptr, ml_ptr, acc_ptr, win_ptr, ent_ptr, sink_pt
 
 @triton.jit
 def _attn_combine_kernel(o_ptr, ml_ptr, acc_ptr, H, so_t, so_h, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         SPLITS: tl.constexpr):
+                         SPLITS: tl.constexpr, GDC: tl.constexpr = False):
     "Merge the splits' softmax partials of one (token, head, channel block): rescale to the common max, divide once."
+    gdc_entry(GDC)
     t, h, db = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     sp = tl.arange(0, SPLITS)
     dd = db * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -211,11 +233,12 @@ def sparse_attention(q: torch.Tensor, window_cache: torch.Tensor, sink: torch.Te
         ent.stride(0), ent.stride(1), meta.window_tables.stride(0), meta.tables.stride(0), idx.stride(0),
         wsc.stride(0), wsc.stride(1), esc.stride(0), esc.stride(1),
         D=d, BLOCK_H=BH, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, MODE=mode,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", NOPE=d - rope_dim if fp8 else d, FP8=fp8, SPLITS=splits)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", NOPE=d - rope_dim if fp8 else d, FP8=fp8, SPLITS=splits,
+        **pdl_options(_sparse_attn_kernel))
     if splits > 1:
         BD = min(128, triton.next_power_of_2(d))
         _attn_combine_kernel[(N, H, triton.cdiv(d, BD))](o, ml, acc, H, o.stride(0), o.stride(1), D=d, BLOCK_D=BD,
-                                                         SPLITS=splits)
+                                                         SPLITS=splits, **pdl_options(_attn_combine_kernel))
     return o
 
 SMALL_STEP_TOKENS = 16
@@ -272,7 +295,8 @@ def sparse_attention_ref(q, window_cache, sink, meta: BatchMeta, window: int, sc
 def _index_score_kernel(q_ptr, w_ptr, key_ptr, ksc_ptr, out_ptr, req_ptr, pos_ptr, ctab_ptr,
                         HI, n_cols, ratio, block_size, scale, sq_t, sq_h, sw_t, sk_b, sk_r, sks_b, sks_r, sct, so_t,
                         DI: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                        PACK: tl.constexpr, FP4: tl.constexpr):
+                        PACK: tl.constexpr, FP4: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t, nb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     e = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     heads, dd = tl.arange(0, BLOCK_H), tl.arange(0, DI)
@@ -325,7 +349,7 @@ def _index_launch(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, p
         q, w, index_keys, ksc, out, meta.tok_req, meta.tok_pos, meta.tables, HI, n_cols, ratio, meta.block_size, scale,
         q.stride(0), q.stride(1), w.stride(0), index_keys.stride(0), index_keys.stride(1), ksc.stride(0), ksc.stride(1),
         meta.tables.stride(0), out.stride(0), DI=DI, BLOCK_H=max(16, triton.next_power_of_2(HI)), BLOCK_N=block_n,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", PACK=pack, FP4=fp4)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", PACK=pack, FP4=fp4, **pdl_options(_index_score_kernel))
     return out
 
 def indexer_scores(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, key_scales=None) -> torch.Tensor:
@@ -337,9 +361,11 @@ def indexer_scores(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, 
     return _index_launch(q, w, index_keys, meta, ratio, scale, pack=False, key_scales=key_scales)
 
 @triton.jit
-def _topk_sort_kernel(key_ptr, s_k, pos_ptr, o_ptr, s_o, n_cols, K, ratio, BLOCK: tl.constexpr):
+def _topk_sort_kernel(key_ptr, s_k, pos_ptr, o_ptr, s_o, n_cols, K, ratio, BLOCK: tl.constexpr,
+                      GDC: tl.constexpr = False):
     """Program t: sort token t's packed keys (a bitonic sort in registers), unpack the first `K` indices and
     replace those the token cannot see (`index ≥ (pos + 1) // ratio`) by -1. Padding columns sort last."""
+    gdc_entry(GDC)
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     x = tl.load(key_ptr + t * s_k + c, mask=c < n_cols, other=0)
@@ -361,7 +387,7 @@ def indexer_topk(q, w, index_keys, meta: BatchMeta, ratio: int, scale: float, to
         out = torch.empty(N, K, dtype=torch.int32, device=keys.device)
         BLOCK = max(16, triton.next_power_of_2(n_cols))
         _topk_sort_kernel[(N,)](keys, keys.stride(0), meta.tok_pos, out, out.stride(0), n_cols, K, ratio, BLOCK=BLOCK,
-                                num_warps=4 if BLOCK <= 256 else 8)
+                                num_warps=4 if BLOCK <= 256 else 8, **pdl_options(_topk_sort_kernel))
         return out
     idx = torch.topk(keys, K, dim=-1).indices
     n_vis = torch.where(meta.tok_pos >= 0, (meta.tok_pos + 1) // ratio, 0)

@@ -17,6 +17,7 @@ from .hc import launch
 from ..timing import capture_graphs
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 from .round import round_kernels_check
 from ..model.drafter import block_attention, markov_greedy, markov_logits
@@ -42,13 +43,14 @@ def round_fp32(x, TO: tl.constexpr):
 def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
                         drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONF: tl.constexpr,
-                        ROUND: tl.constexpr, MASKED: tl.constexpr):
+                        ROUND: tl.constexpr, MASKED: tl.constexpr, GDC: tl.constexpr = False):
     """Program (row, split) of Markov step `k`: the previous token (the anchor, or step `k − 1`'s argmax from its
     splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]` over the split's vocabulary chunk and
     where it is (ties to the lowest index, as `torch.argmax`). Split 0 also writes draft `k − 1` and, with
     `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch `k = n` only writes the last draft. `MASKED`:
     only tokens whose bit is set in the row's packed mask (`mask_ptr`, int32 words, bit `v % 32` of word `v // 32`)
     compete, and the previous token always comes from `anchor_ptr` (the host knows it: it gave the grammar)."""
+    gdc_entry(GDC)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     if MASKED:
@@ -248,7 +250,7 @@ markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch 
 def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, slot_ptr, ok_ptr, s_okr, kv_ptr, s_kvr, s_kvt,
                        sink_ptr, o_ptr, s_or, s_ot, s_oh, part_ptr, cnt_ptr, H, G, NC, NT, Dh, scale, BLOCK_Q: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TC: tl.constexpr,
-                       WIDEN: tl.constexpr, SLOTS: tl.constexpr):
+                       WIDEN: tl.constexpr, SLOTS: tl.constexpr, GDC: tl.constexpr = False):
     """Program (request, query group, split): the group's `BLOCK_Q` queries (block row · head, all sharing the
     request's keys) against one tile of `BLOCK_N` context rows (split < NT) or the block's own rows (split NT),
     a partial softmax `(max, sum, Σ p·v)` in fp32 stored to `part`. The program that finishes last (a counter per
@@ -258,6 +260,7 @@ def _block_attn_kernel(q_ptr, s_qr, s_qt, s_qh, c_ptr, s_cr, s_cn, slot_ptr, ok_
     `WIDEN` (Triton's interpreter, whose `dot` multiplies bf16 bit patterns as integers): the same 16-bit operands,
     widened to fp32 just before each product, which is exact, so CPU tests check everything but the MMA itself.
     `SLOTS`: request r's context rows are row `slot[r]` of the ring `c`, read in place (no gather of the rings first)."""
+    gdc_entry(GDC)
     r, qg, sp = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     if SLOTS:
         cr = tl.load(slot_ptr + r).to(tl.int64)

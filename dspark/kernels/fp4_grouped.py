@@ -18,6 +18,7 @@ from .fp4_moe import (
 from .hc import launch
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # bf16 tl.dot and inline PTX are out there
@@ -80,7 +81,8 @@ def _fp4_half_tiles(w_ptrs, s_ptrs, rm, BN: tl.constexpr, F32: tl.constexpr, ASM
 @triton.jit
 def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, out_ptr, K, NOUT, I, limit,
                         UP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr, BF16: tl.constexpr = False):
+                        ASM: tl.constexpr, JOIN: tl.constexpr, TILE_FIRST: tl.constexpr, BF16: tl.constexpr = False,
+                        GDC: tl.constexpr = False):
     """Program (block, tile): the `BM` pairs of one expert's block (`rows`: pair ids, -1 pads) against `BN` output rows
     of that expert's stacked FP4 weight, on tensor cores: activations `a` (bf16, already `act_quant`ed and back, row of
     pair p at `p // a_div`) times the weight tile dequantised in registers, fp32 accumulation over K. UP: the tile is
@@ -90,6 +92,7 @@ def _fp4_grouped_kernel(a_ptr, a_div, rows_ptr, bexp_ptr, wt_ptr, w_ptr, s_ptr, 
     `[BM, 128]` tile in one product (else two products on the even and odd inputs, loaded with a stride of two).
     TILE_FIRST: program id 0 numbers the output tile, so the programs that run together share their block's
     activation rows in L2. BF16: the weight tile is decoded in bf16 pairs (`_fp4_tile_bf16`; JOIN and ASM only)."""
+    gdc_entry(GDC)
     b, t = (tl.program_id(1), tl.program_id(0)) if TILE_FIRST else (tl.program_id(0), tl.program_id(1))
     e = tl.load(bexp_ptr + b).to(tl.int64)
     if e < 0: return                                       # a block past the last expert's: nothing to do

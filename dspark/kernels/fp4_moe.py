@@ -19,6 +19,7 @@ from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_dequant, act_quant, dequantize_fp4
 
@@ -185,8 +186,9 @@ def _act_chunk(a_ptr, KC: tl.constexpr):
     return tl.reshape(qe, (KC // 2,)), tl.reshape(qo, (KC // 2,))
 
 @triton.jit
-def _act_rows_kernel(x_ptr, s_x, q_ptr, K):
+def _act_rows_kernel(x_ptr, s_x, q_ptr, K, GDC: tl.constexpr = False):
     "Program (row, group): one 128-group of a row `act_quant`ed and back, fp32 in input order into `q [rows, K]`."
+    gdc_entry(GDC)
     r, off = tl.program_id(0).to(tl.int64), tl.program_id(1) * 128
     qe, qo = _act_chunk(x_ptr + r * s_x + off, 128)
     j = tl.arange(0, 64)
@@ -223,10 +225,11 @@ def _fp4_rows_dot(w_ptr, s_ptr, rows, rm, a_ptr, KT, ROWS: tl.constexpr, KC: tl.
 
 @triton.jit
 def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13_ptr, h_ptr, K, D, I, E,
-                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr):
+                   first, limit, BN: tl.constexpr, KC: tl.constexpr, ASM: tl.constexpr, GDC: tl.constexpr = False):
     """Program (pair, block): rows `block · BN …` of the pair's gate (w1) and up (w3) projections, read as `2 · BN`
     interleaved rows of w13 in one pass over D, then the clamped SwiGLU times the routing weight, fp32 into `h`.
     `x` is already `act_quant`ed and back, fp32."""
+    gdc_entry(GDC)
     p, n, j, e, inside = _pair_expert(idx_ptr, s_in, s_ik, K, first, E)
     wt = tl.load(wt_ptr + n * s_wn + j * s_wk).to(tl.float32)
     r = tl.arange(0, 2 * BN)
@@ -243,9 +246,10 @@ def _fp4_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr
 
 @triton.jit
 def _fp4_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2_ptr, yp_ptr, K, D, I, E, first, BN: tl.constexpr,
-                     KC: tl.constexpr, ASM: tl.constexpr):
+                     KC: tl.constexpr, ASM: tl.constexpr, GDC: tl.constexpr = False):
     """Program (pair, block): rows `block · BN …` of the pair's down projection from its h (already `act_quant`ed and
     back), fp32 into `yp [N·k, D]`."""
+    gdc_entry(GDC)
     p, _, _, e, inside = _pair_expert(idx_ptr, s_in, s_ik, K, first, E)
     d = tl.program_id(1) * BN + tl.arange(0, BN)
     rm = d < tl.where(inside, D, 0)

@@ -18,6 +18,7 @@ from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 from ..model.quant import ACT_BLOCK, FP8_MAX, act_quant, e8m0_to_float, quantize_fp8
 
@@ -86,13 +87,15 @@ def _quant_slab(xv, FMAX: tl.constexpr):
 
 @triton.jit
 def _fp8_linear_kernel(x_ptr, s_xm, xs_ptr, Mp, w_ptr, ws_ptr, out_ptr, M, N, K, BLOCKS_PER_SPLIT, G,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr, PREQ: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMAX: tl.constexpr, PREQ: tl.constexpr,
+                       GDC: tl.constexpr = False):
     """Program (n, s, m): rows `m·BLOCK_M …` × columns `n·BLOCK_N …` of `x · wᵀ` over the s-th run of
     `BLOCKS_PER_SPLIT` 128-blocks of K, accumulated in fp32 and stored (cast to the output's dtype) at split `s` of
     `out [splits, M, G·N]`. `x` is quantised per 128-block as `act_quant`; `ws` holds the e8m0 scale bytes. With
     `G` groups, program id 2 also numbers the group `g`: its input is `x[:, g·K:(g+1)·K]`, its weight rows
     `g·N … g·N + N − 1`, its output columns the same (`G = 1`: one plain linear). `PREQ`: `x` holds the e4m3 codes
     `act_quant_triton` made once and `xs_ptr` their scales `[G·K/128, Mp]`, so no program quantises again."""
+    gdc_entry(GDC)
     pid_n, pid_s, pid_mg = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m_blocks = tl.cdiv(M, BLOCK_M)
     g = pid_mg // m_blocks
@@ -123,8 +126,9 @@ def _fp8_linear_kernel(x_ptr, s_xm, xs_ptr, Mp, w_ptr, ws_ptr, out_ptr, M, N, K,
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 @triton.jit
-def _split_sum_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _split_sum_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr = False):
     "y = the fp32 sum of the `SPLITS` partials `[SPLITS, MN]`, in split order, cast to y's dtype."
+    gdc_entry(GDC)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < MN
     acc = tl.zeros([BLOCK], tl.float32)
@@ -134,10 +138,11 @@ def _split_sum_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.const
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, N, K, BLOCKS_PER_SPLIT, GROUP_N, BLOCK_N: tl.constexpr,
-                     SUB: tl.constexpr, FMAX: tl.constexpr):
+                     SUB: tl.constexpr, FMAX: tl.constexpr, GDC: tl.constexpr = False):
     """Program (n, s): one row's product with weight rows `n·BLOCK_N …` over split `s` (`BLOCKS_PER_SPLIT` 128-blocks,
     `SUB` of them a loop trip), without tensor cores: each e4m3 tile is widened in registers and met by the row,
     quantised as `act_quant`. Rows of group `g` (`GROUP_N` rows each) read the row's `g`-th `K` inputs. fp32 out."""
+    gdc_entry(GDC)
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok, nb, kk = n < N, K // 128, tl.arange(0, SUB * 128)
@@ -241,9 +246,11 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, groups: in
 
 # %% ../../nbs/18a_kernels_fp8.ipynb #f8185b98
 @triton.jit
-def _act_quant_kernel(x_ptr, s_xm, q_ptr, s_ptr, M, Mp, K, BLOCK_M: tl.constexpr, FMAX: tl.constexpr):
+def _act_quant_kernel(x_ptr, s_xm, q_ptr, s_ptr, M, Mp, K, BLOCK_M: tl.constexpr, FMAX: tl.constexpr,
+                      GDC: tl.constexpr = False):
     """Program (m, b): `act_quant` of rows `m·BLOCK_M …` (of `Mp`; rows ≥ M are zeros) in 128-block b: codes to
     `q [Mp, K]`, scales to `s` stored block-major `[K/128, Mp]` (the column-major `[Mp, K/128]` scaled_mm reads)."""
+    gdc_entry(GDC)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     b = tl.program_id(1)
     k = b * 128 + tl.arange(0, 128)

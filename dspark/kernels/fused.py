@@ -11,7 +11,7 @@ import torch
 
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
-from .attention import BatchMeta, batch_meta, indexer_topk, sparse_attention
+from .attention import BatchMeta, batch_meta, gdc_entry, indexer_topk, pdl_options, sparse_attention
 import triton
 import triton.language as tl
 
@@ -66,7 +66,8 @@ def _qkv_rope_kernel(q_ptr, o_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, ca
                      sq_t, sq_h, so_t, so_h, skv_t, scs_t, sc_slot,
                      D: tl.constexpr, DQ: tl.constexpr, R2: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_DQ: tl.constexpr, BLOCK_R: tl.constexpr, Q_NORM: tl.constexpr, HAS_KV: tl.constexpr,
-                     WRITE: tl.constexpr, INVERSE: tl.constexpr):
+                     WRITE: tl.constexpr, INVERSE: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     k = tl.arange(0, BLOCK_R)
     c = tl.load(cos_ptr + t * scs_t + k, mask=k < R2, other=0.0)
@@ -117,7 +118,8 @@ def qkv_rope_insert_(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps:
         q, dst, kv if has_kv else q, kv_weight if has_kv else q, cos, sin, slots if write else cos, cache, H, eps,
         q.stride(0), q.stride(1), dst.stride(0), dst.stride(1), kv.stride(0) if has_kv else 0, cos.stride(0), cache.stride(0),
         D=d, DQ=dq, R2=R2, BLOCK_D=triton.next_power_of_2(d), BLOCK_DQ=triton.next_power_of_2(dq),
-        BLOCK_R=triton.next_power_of_2(R2), Q_NORM=q_norm, HAS_KV=has_kv, WRITE=write, INVERSE=inverse)
+        BLOCK_R=triton.next_power_of_2(R2), Q_NORM=q_norm, HAS_KV=has_kv, WRITE=write, INVERSE=inverse,
+        **pdl_options(_qkv_rope_kernel))
     return dst, kv
 
 # %% ../../nbs/13_kernels_fused.ipynb #eb6c653e

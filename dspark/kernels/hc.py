@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from . import attention as kernels_attention  # noqa: F401
 import triton
 import triton.language as tl
+from .attention import gdc_entry, pdl_options
 
 from ..config import ModelConfig
 from ..model.layers import is_batch_invariant
@@ -53,6 +54,7 @@ def aten_launches(fn, *args, **kwargs) -> Counter:
 
 def launch(kernel, grid, *args, **meta) -> None:
     "Start a Triton kernel; while `aten_launches` counts, it is one launch (and the interpreter's own torch calls none)."
+    meta.update(pdl_options(kernel))
     if not _COUNTERS:
         kernel[grid](*args, **meta)
         return
@@ -61,8 +63,10 @@ def launch(kernel, grid, *args, **meta) -> None:
 
 # %% ../../nbs/14_kernels_hc.ipynb #0faf0191
 @triton.jit
-def _hc_mix_kernel(x_ptr, fn_ptr, part_ptr, K, M, S, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _hc_mix_kernel(x_ptr, fn_ptr, part_ptr, K, M, S, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GDC: tl.constexpr = False):
     "Program (t, s): slice s of token t's flattened streams against every mix row, and the slice's sum of squares."
+    gdc_entry(GDC)
     t, s = tl.program_id(0).to(tl.int64), tl.program_id(1)
     k = s * BLOCK_K + tl.arange(0, BLOCK_K)
     km = k < K
@@ -94,7 +98,8 @@ def _mix_tile(row_ptr, ij, live, S, stride, S_P: tl.constexpr):
 def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr,
                         D, M, S, stride, iters, norm_eps, hc_eps,
                         HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, MIXES: tl.constexpr,
-                        SPLIT: tl.constexpr, S_P: tl.constexpr):
+                        SPLIT: tl.constexpr, S_P: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, HC_P)
     row = i < HC
@@ -206,7 +211,8 @@ def hc_head_fused(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
 # %% ../../nbs/14_kernels_hc.ipynb #ffaa871b
 @triton.jit
 def _hc_post_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, new_ptr, D,
-                    HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr):
+                    HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t, blk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     j = tl.arange(0, HC_P)
     col = j < HC
@@ -268,7 +274,8 @@ def _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC: tl.co
 @triton.jit
 def _hc_post_head_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, fn_ptr, base_ptr, scale_ptr, h_ptr, tap_ptr,
                          D, norm_eps, hc_eps, HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                         TAP: tl.constexpr):
+                         TAP: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, HC_P)
     col = j < HC

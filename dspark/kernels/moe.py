@@ -15,6 +15,7 @@ from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 from .draft import ROUND_CODE, round_fp32   # the reference's roundings, as chapter 17 applies them
 from ..model.layers import StackedExperts, dense_experts
@@ -26,10 +27,12 @@ __all__ = ['SMALL_MOE_PAIRS', 'small_moe_triton', 'small_moe_check', 'small_moe_
 # %% ../../nbs/18_kernels_moe.ipynb #76aad203
 @triton.jit
 def _small_moe_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w13_ptr, s13e, s13r, h_ptr, K, D, I,
-                         E, first, limit, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, TO: tl.constexpr):
+                         E, first, limit, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, TO: tl.constexpr,
+                         GDC: tl.constexpr = False):
     """Program (pair, block): rows `block · BLOCK_I …` of the pair's gate (w1) and up (w3) projections of its
     token, GEMVs over D in fp32 each rounded to x's dtype, then the clamped SwiGLU times the routing weight in fp32,
     stored in x's dtype to `h [N·k, I]`. A pair outside the shard has no rows: it loads no weights and stores 0."""
+    gdc_entry(GDC)
     p = tl.program_id(0).to(tl.int64)
     n, j = p // K, p % K
     e = tl.load(idx_ptr + n * s_in + j * s_ik).to(tl.int64) - first
@@ -57,10 +60,11 @@ def _small_moe_up_kernel(x_ptr, s_xn, wt_ptr, s_wn, s_wk, idx_ptr, s_in, s_ik, w
 
 @triton.jit
 def _small_moe_down_kernel(h_ptr, idx_ptr, s_in, s_ik, w2_ptr, s2e, s2r, y_ptr, K, D, I, E, first,
-                           BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, TO: tl.constexpr):
+                           BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, TO: tl.constexpr, GDC: tl.constexpr = False):
     """Program (token, block): rows `block · BLOCK_D …` of the token's routed sum. For each of its k pairs, in slot
     order, a GEMV of the expert's w2 with the pair's `h` over I in fp32, rounded to x's dtype and added in fp32.
     A pair outside the shard loads nothing and adds nothing. No atomics: the sum's order is fixed."""
+    gdc_entry(GDC)
     n = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D

@@ -12,7 +12,7 @@ import torch
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
-from .attention import online_softmax_step
+from .attention import gdc_entry, online_softmax_step
 from .hc import launch
 import triton
 import triton.language as tl
@@ -27,10 +27,11 @@ __all__ = ['mtp_ring_attention', 'mtp_kernels_check']
 def _ring_attn_kernel(q_ptr, s_qt, s_qh, kv_ptr, s_kvt, rows_ptr, s_rr, s_rn, pos_ptr, s_pr, req_ptr, slot_ptr,
                       first_ptr, last_ptr, start_ptr, tpos_ptr, sink_ptr, o_ptr, s_ot, s_oh, T, H, NR, Dh, window, scale,
                       scratch, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-                      BLOCK_D: tl.constexpr, WRITE: tl.constexpr):
+                      BLOCK_D: tl.constexpr, WRITE: tl.constexpr, GDC: tl.constexpr = False):
     """Program (row t, head block): row t's `BLOCK_H` query heads over its request's ring, tile by tile, then over the
     request's rows of this call, with an online softmax in fp32 and the sinks last. `WRITE`: the first head block
     also writes row t's key into the ring (`MTPDrafter.step_rows`' scatter), where no program of the launch reads."""
+    gdc_entry(GDC)
     t, hb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     hh, dd = hb * BLOCK_H + tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
     hm, dm = hh < H, dd < Dh

@@ -15,6 +15,7 @@ from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 # %% auto #0
 __all__ = ['greedy_accept', 'round_handover', 'round_handover_triton', 'window_ref', 'window_triton', 'advance_layout',
@@ -51,11 +52,12 @@ def round_handover(verified: torch.Tensor, ids: torch.Tensor, first: torch.Tenso
 # %% ../../nbs/17b_kernels_round.ipynb #5bd7ca8b
 @triton.jit
 def _handover_kernel(v_ptr, ids_ptr, first_ptr, drafts_ptr, pos_ptr, ring_ptr, anchor_ptr, P_ptr, slot_ptr, host_ptr, N,
-                     scratch, W, BLOCK_W: tl.constexpr, PUBLISH: tl.constexpr):
+                     scratch, W, BLOCK_W: tl.constexpr, PUBLISH: tl.constexpr, GDC: tl.constexpr = False):
     """Program i: request i's accepted drafts (the leading run of rows whose argmax is the next row's token), written
     after the rows' argmax in `v`, then its new anchor, that anchor's position and its context-ring slot. `PUBLISH`:
     also request i's rows of `v` and its accepted count, into the same places of `host` (pinned host memory, which
     the GPU writes directly)."""
+    gdc_entry(GDC)
     i = tl.program_id(0)
     f = tl.load(first_ptr + i)
     d = tl.load(drafts_ptr + i)
@@ -103,8 +105,10 @@ def window_ref(ring_pos: torch.Tensor, slots: torch.Tensor, P: torch.Tensor, w: 
 
 # %% ../../nbs/17b_kernels_round.ipynb #0dc7a6f9
 @triton.jit
-def _window_kernel(pos_ptr, s_pos, slot_ptr, P_ptr, valid_ptr, complete_ptr, S, w, BLOCK_S: tl.constexpr):
+def _window_kernel(pos_ptr, s_pos, slot_ptr, P_ptr, valid_ptr, complete_ptr, S, w, BLOCK_S: tl.constexpr,
+                   GDC: tl.constexpr = False):
     "Program i: which of ring `slots[i]`'s `S` places hold positions `[P − w, P)`, and whether all `min(P, w)` do."
+    gdc_entry(GDC)
     i = tl.program_id(0)
     slot = tl.load(slot_ptr + i).to(tl.int64)
     P = tl.load(P_ptr + i)
@@ -149,8 +153,10 @@ def advance_layout(packed: torch.Tensor, window_tables: torch.Tensor, block_size
 
 # %% ../../nbs/17b_kernels_round.ipynb #eb56d24e
 @triton.jit
-def _advance_kernel(p_ptr, s_p, wt_ptr, s_wt, W, acc_ptr, f_ptr, s_f, n, bs, BLOCK: tl.constexpr):
+def _advance_kernel(p_ptr, s_p, wt_ptr, s_wt, W, acc_ptr, f_ptr, s_f, n, bs, BLOCK: tl.constexpr,
+                    GDC: tl.constexpr = False):
     "Rows `[i·BLOCK, (i + 1)·BLOCK)` of the step buffers' packed rows, each live row moved on by its request's acceptance."
+    gdc_entry(GDC)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     base = p_ptr + rows.to(tl.int64) * s_p
     req = tl.load(base, mask=rows < n, other=-1)

@@ -15,6 +15,7 @@ from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
 import triton
 import triton.language as tl
+from .attention import gdc_entry
 
 # %% auto #0
 __all__ = ['DRAW_BLOCK', 'keyed_uniforms_triton', 'draw_splits', 'draw_keyed_triton', 'masked_argmax_triton']
@@ -56,7 +57,8 @@ def _uniform(i, k0, k1, p_lo, p_hi, stream):
 
 # %% ../../nbs/16_kernels_sample.ipynb #a1c0e003
 @triton.jit
-def _uniform_kernel(seed_ptr, pos_ptr, stream_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _uniform_kernel(seed_ptr, pos_ptr, stream_ptr, out_ptr, n, BLOCK: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     k0, k1, p_lo, p_hi, stream = _row_key(seed_ptr, pos_ptr, stream_ptr, row)
@@ -74,9 +76,11 @@ def keyed_uniforms_triton(seed: torch.Tensor, position: torch.Tensor, stream: to
 
 # %% ../../nbs/16_kernels_sample.ipynb #a1c0e004
 @triton.jit
-def _draw_kernel(w_ptr, s_w, seed_ptr, pos_ptr, stream_ptr, val_ptr, idx_ptr, V, CHUNK, SPLITS, BLOCK: tl.constexpr):
+def _draw_kernel(w_ptr, s_w, seed_ptr, pos_ptr, stream_ptr, val_ptr, idx_ptr, V, CHUNK, SPLITS, BLOCK: tl.constexpr,
+                 GDC: tl.constexpr = False):
     """Program (row, split): the best `log w + g` over its vocabulary chunk and where it is; ties to the lowest
     index, as `torch.argmax` picks them. Rows with nothing to draw (all `w = 0`) report index `start`."""
+    gdc_entry(GDC)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     k0, k1, p_lo, p_hi, stream = _row_key(seed_ptr, pos_ptr, stream_ptr, row)
@@ -122,10 +126,11 @@ def draw_keyed_triton(w: torch.Tensor, seed: torch.Tensor, position: torch.Tenso
     return idx.gather(1, vals.argmax(1, keepdim=True))[:, 0].long()    # chunks in vocabulary order: first max wins
 
 @triton.jit
-def _masked_argmax_kernel(x_ptr, s_x, w_ptr, s_w, out_ptr, V, BLOCK: tl.constexpr):
+def _masked_argmax_kernel(x_ptr, s_x, w_ptr, s_w, out_ptr, V, BLOCK: tl.constexpr, GDC: tl.constexpr = False):
     """Program m: row `r = words[m, 0]` of `x`, its argmax over the tokens the packed mask `words[m, 1:]` allows
     (bit `v % 32` of word `v // 32`), into `out[r]`; ties to the lowest index, and index 0 when nothing is allowed,
     as `masked_fill(~allowed, -inf).argmax()` picks them."""
+    gdc_entry(GDC)
     m = tl.program_id(0).to(tl.int64)
     row = tl.load(w_ptr + m * s_w).to(tl.int64)
     best = tl.full([], float("-inf"), tl.float32)

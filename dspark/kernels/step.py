@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from . import attention as kernels_attention  # noqa: F401
 import triton
 import triton.language as tl
+from .attention import gdc_entry, pdl_options
 
 # %% auto #0
-__all__ = ['ROUTER_KINDS', 'compress_step_', 'compress_chunks_', 'rms_norm_fused', 'router_fused', 'swiglu_fused']
+__all__ = ['ROUTER_KINDS', 'compress_step_', 'compress_chunks_', 'rms_norm_fused', 'pdl_check', 'router_fused', 'swiglu_fused']
 
 # %% ../../nbs/15_kernels_step.ipynb #318bf8ad
 @triton.jit
@@ -62,7 +63,8 @@ def _compress_step_kernel(kv_ptr, sc_ptr, ape_ptr, rkv_ptr, rsc_ptr, slot_ptr, r
                           s_prow, s_out, RATIO: tl.constexpr, R: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                           SPAN: tl.constexpr, R2: tl.constexpr, OVERLAP: tl.constexpr, WRITE_RING: tl.constexpr,
                           HAS_FLOOR: tl.constexpr, OUT_ROWS: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+                          BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     if p >= 0:                                                    # padding rows do nothing
@@ -149,7 +151,8 @@ def compress_step_(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, rin
         RATIO=ratio, R=ring[0].shape[1], D=dim, W=width, SPAN=span, R2=R2, OVERLAP=overlap, WRITE_RING=write_ring,
         HAS_FLOOR=floor is not None, OUT_ROWS=out is not None,
         BLOCK_S=min(triton.next_power_of_2(span), 16),
-        BLOCK_H=triton.next_power_of_2(dim // 2), BLOCK_W=triton.next_power_of_2(width), num_warps=4)
+        BLOCK_H=triton.next_power_of_2(dim // 2), BLOCK_W=triton.next_power_of_2(width), num_warps=4,
+        **pdl_options(_compress_step_kernel))
 
 # %% ../../nbs/15_kernels_step.ipynb #f56ac6a6
 def compress_chunks_(comp, x: torch.Tensor, tok_req: torch.Tensor, tok_pos: torch.Tensor, ring_slot: torch.Tensor,
@@ -178,7 +181,9 @@ def compress_chunks_(comp, x: torch.Tensor, tok_req: torch.Tensor, tok_pos: torc
 
 # %% ../../nbs/15_kernels_step.ipynb #5ef70915
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, s_x, s_o, eps, D: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, s_x, s_o, eps, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                     GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + t * s_x + d, mask=d < D, other=0.0).to(tl.float32)
@@ -195,13 +200,51 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), eps, D=D,
-                                          BLOCK_D=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
+                                          BLOCK_D=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8,
+                                          **pdl_options(_rms_norm_kernel))
     return out.view(x.shape)
+
+_PDL_CHECKED: dict[str, str | None] = {}
+
+def pdl_check(device: torch.device) -> str | None:
+    """Why programmatic dependent launch (`kernels_attention.PDL`) must stay off on `device`, or None: it needs a
+    Hopper-class GPU, and a CUDA graph of eight dependent norms launched with it (each reading the one before's
+    output, each with its own weight) must give the plain launches' bytes. Checked once a device."""
+    key = str(device)
+    if key in _PDL_CHECKED: return _PDL_CHECKED[key]
+    if device.type != "cuda": why = "not a CUDA device"
+    elif torch.cuda.get_device_capability(device)[0] < 9: why = "it needs compute capability 9.0 (Hopper) or later"
+    else:
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(16, 4096, device=device, dtype=torch.bfloat16, generator=g)
+        ws = [torch.rand(4096, device=device, generator=g).bfloat16() + 0.5 for _ in range(8)]
+        def chain() -> torch.Tensor:
+            y = x
+            for w in ws: y = rms_norm_fused(y, w, 1e-6)
+            return y
+        was = kernels_attention.PDL["on"]
+        try:
+            kernels_attention.PDL["on"] = False
+            want = chain()
+            kernels_attention.PDL["on"] = True
+            chain()                                                  # compile the GDC variant outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph): got = chain()
+            graph.replay(); torch.cuda.synchronize()
+            why = None if torch.equal(got, want) else "a graph of dependent launches gave other bytes than plain ones"
+        except Exception as e:                                       # e.g. a Triton without launch_pdl
+            why = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            kernels_attention.PDL["on"] = was
+    _PDL_CHECKED[key] = why
+    return why
 
 # %% ../../nbs/15_kernels_step.ipynb #47698790
 @triton.jit
 def _router_kernel(lg_ptr, bias_ptr, hash_ptr, ids_ptr, w_ptr, i_ptr, scale, E: tl.constexpr, K: tl.constexpr,
-                   KIND: tl.constexpr, HASHED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                   KIND: tl.constexpr, HASHED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     x = tl.load(lg_ptr + t * E + e, mask=e < E, other=0.0)
@@ -252,12 +295,14 @@ def router_fused(logits: torch.Tensor, k: int, kind: str, scale: float, bias: to
         _router_kernel[(N,)](logits, bias if bias is not None else logits, tid2eid if hashed else logits,
                              input_ids.reshape(-1) if hashed else logits, w, idx, scale, E=E, K=k,
                              KIND=ROUTER_KINDS[kind], HASHED=hashed, BLOCK_E=triton.next_power_of_2(E),
-                             BLOCK_K=triton.next_power_of_2(k), num_warps=1)
+                             BLOCK_K=triton.next_power_of_2(k), num_warps=1, **pdl_options(_router_kernel))
     return w, idx
 
 # %% ../../nbs/15_kernels_step.ipynb #6112119e
 @triton.jit
-def _swiglu_kernel(g_ptr, u_ptr, w_ptr, o_ptr, s_g, s_u, s_o, limit, I, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+def _swiglu_kernel(g_ptr, u_ptr, w_ptr, o_ptr, s_g, s_u, s_o, limit, I, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
+                   GDC: tl.constexpr = False):
+    gdc_entry(GDC)
     t, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i = b * BLOCK + tl.arange(0, BLOCK)
     g = tl.minimum(tl.load(g_ptr + t * s_g + i, mask=i < I, other=0.0).to(tl.float32), limit)
@@ -279,5 +324,6 @@ def swiglu_fused(gate: torch.Tensor, up: torch.Tensor, limit: float, weight: tor
         BLOCK = min(1024, triton.next_power_of_2(I))
         w = weight.reshape(M).contiguous() if weight is not None else gate
         _swiglu_kernel[(M, triton.cdiv(I, BLOCK))](gate, up, w, out, gate.stride(0), up.stride(0), out.stride(0),
-                                                 float(limit), I, HAS_W=weight is not None, BLOCK=BLOCK)
+                                                 float(limit), I, HAS_W=weight is not None, BLOCK=BLOCK,
+                                                 **pdl_options(_swiglu_kernel))
     return out

@@ -26,7 +26,8 @@ from ..kernels.fp4_moe import stack_fp4_experts
 from ..kernels.fused import qkv_rope_insert_
 from ..kernels.mtp import mtp_kernels_check, mtp_ring_attention
 from ..kernels.round import window_triton
-from ..kernels.step import rms_norm_fused, router_fused, swiglu_fused
+from ..kernels.attention import PDL
+from ..kernels.step import pdl_check, rms_norm_fused, router_fused, swiglu_fused
 from ..model.attention import Attention
 from ..cache.kv_cache import PagedKVCache, SeqView
 from ..spec.proposers import decided
@@ -103,6 +104,9 @@ def fast_path(model) -> tuple[Callable, Callable, Callable]:
     grouped = w.is_cuda and w.dtype == torch.bfloat16 and torch.cuda.get_device_capability(w.device)[0] >= 9
     set_moe_impl(model, "grouped" if grouped else "dense")
     if not w.is_cuda: return hc_pre, hc_post, hc_head
+    why = pdl_check(w.device) if PDL["allowed"] else "not allowed (kernels_attention.PDL)"   # before the checks below,
+    PDL["on"] = why is None                                # so that they check the kernels as they will launch
+    if why and PDL["allowed"]: log.warning("programmatic dependent launch off: %s", why)
     moes = [m for m in model.modules() if isinstance(m, MoE) and plain_experts(m)]   # not experts kept as stored
     if moes:                                               # a few dozen pairs: two launches, not ~16 (chapter 18)
         inter, dim = moes[0].experts[0].w1.weight.shape
