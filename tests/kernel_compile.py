@@ -37,6 +37,9 @@ def signature(fn, args: tuple, kwargs: dict) -> list:
         else: raise TypeError(f"{fn.__name__}: argument {name} of type {type(a).__name__}")
     for name, v in kwargs.items():
         if name in names: sig[name], const[name] = "constexpr", v
+    defaults = fn.__defaults__ or ()                      # parameters left at their defaults (constexprs such as GDC)
+    for name, v in zip(names[len(names) - len(defaults):], defaults):
+        if name not in sig: sig[name], const[name] = "constexpr", v
     opts = {k: v for k, v in kwargs.items() if k not in names}
     return [fn.__module__, fn.__name__, sig, const, opts]
 

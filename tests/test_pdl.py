@@ -65,3 +65,20 @@ def test_dependent_launches_decode_the_plain_launches_tokens(spec):
         PDL["allowed"] = True
     if True not in got: pytest.skip(f"programmatic dependent launch is off here: {pdl_check(torch.device('cuda'))}")
     assert got[True] == got[False]
+
+
+def test_dependent_launch_variants_compile_for_hopper():
+    "The interpreter never compiles GDC=True (it is never on without a GPU): compile a norm and the FP8 GEMV that way."
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from kernel_compile import compile_all, record
+    from dspark.kernels.fp8 import fp8_linear_triton
+    from dspark.kernels.step import rms_norm_fused
+    from dspark.model.quant import quantize_fp8
+    sigs = []
+    with record(sigs):
+        rms_norm_fused(torch.randn(2, 256), torch.ones(256), 1e-6)
+        w, s = quantize_fp8(torch.randn(256, 256))
+        fp8_linear_triton(torch.randn(1, 256), w, s)
+    assert sigs and all(sig[3].get("GDC") is False for sig in sigs)
+    for sig in sigs: sig[3]["GDC"] = True
+    assert compile_all(sigs) == []
