@@ -31,7 +31,7 @@ __all__ = ['PDL', 'SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'gdc_entry', 'pdl_optio
            'online_softmax_step', 'sparse_attention', 'sparse_attention_ref', 'indexer_scores', 'indexer_topk',
            'indexer_topk_ref', 'medium_batch']
 
-# %% ../../nbs/12_kernels_attention.ipynb #4cdc85ce
+# %% ../../nbs/12_kernels_attention.ipynb #7499e65f
 PDL = {"on": False, "allowed": True}
 """Programmatic dependent launch (Hopper and later; `runtime.graphs` turns it on once `pdl_check` agrees): a kernel
 launched with it may start while the kernel before it drains, and waits for that kernel's results (`gdc_entry`)
@@ -51,6 +51,7 @@ def pdl_options(kernel) -> dict:
     "Launch options that start `kernel` as a programmatic dependent launch, when on and the kernel takes `GDC`."
     return {"GDC": True, "launch_pdl": True} if PDL["on"] and "GDC" in kernel.arg_names else {}
 
+# %% ../../nbs/12_kernels_attention.ipynb #4cdc85ce
 @dataclass
 class BatchMeta:
     "A ragged batch of tokens: where each belongs and where its request's blocks are (int32 tables, -1 padded)."
