@@ -77,12 +77,14 @@ def run_mode(a, mode: str, n: int, out: dict, save) -> None:
     PDL["allowed"] = not mode.endswith("/plain")                  # MODE/plain: the kernels launched plainly (no PDL)
     base = mode.removesuffix("/plain")
     spec = None if base == "none" else "dspark"
+    from dspark.spec.controller import CapacityConfig            # dspark+capacity+plain: depth 0 allowed too
+    capacity = {"dspark+capacity": "auto", "dspark+capacity+plain": CapacityConfig(plain_switch=True)}.get(base)
     K = int(base.split(":")[1]) if ":" in base else None          # dspark:K: K drafts verified a round, fixed
     t0 = time.perf_counter()
     llm = dspark.LLM(model=a.model, load_format="dummy", quantization=a.quantization, hf_overrides=overrides(a.model, n),
                      device="cuda", dtype="bfloat16", enforce_eager=a.eager, speculative=spec,
                      simulate_acceptance=a.simulate_acceptance if spec else None,
-                     capacity="auto" if base == "dspark+capacity" else None, num_speculative_tokens=K,
+                     capacity=capacity, num_speculative_tokens=K,
                      max_model_len=a.max_model_len, max_num_seqs=max(a.concurrency), max_num_batched_tokens=a.tokens,
                      gpu_memory_utilization=0.92)
     m = out["modes"].setdefault(mode, {"rows": {}})
@@ -198,7 +200,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="deepseek-v4-flash", help="a named config: deepseek-v4-flash or deepseek-v4-flash-0731")
     ap.add_argument("--modes", nargs="+", default=["none"],
-                    help="none | dspark | dspark+capacity | dspark:K (K drafts a round, fixed); with /plain after "
+                    help="none | dspark | dspark+capacity[+plain] | dspark:K (K drafts a round, fixed); with /plain after "
                          "it, the kernels launch without programmatic dependent launch")
     ap.add_argument("--simulate-acceptance", type=float, default=None, help="dummy weights: the speculative modes' mean acceptance length")
     ap.add_argument("--quantization", default="auto", choices=["auto", "none"], help="none: the bf16 path, for comparison")
