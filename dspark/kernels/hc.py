@@ -53,7 +53,8 @@ def aten_launches(fn, *args, **kwargs) -> Counter:
     return ops
 
 def launch(kernel, grid, *args, **meta) -> None:
-    "Start a Triton kernel; while `aten_launches` counts, it is one launch (and the interpreter's own torch calls none)."
+    """Start a Triton kernel, as a programmatic dependent launch where `kernels_attention.PDL` is on; while
+    `aten_launches` counts, it is one launch (and the interpreter's own torch calls none)."""
     meta.update(pdl_options(kernel))
     if not _COUNTERS:
         kernel[grid](*args, **meta)
