@@ -32,12 +32,12 @@ __all__ = ['PDL', 'SMALL_STEP_TOKENS', 'SORT_TOPK_COLS', 'gdc_entry', 'pdl_optio
            'indexer_topk_ref', 'medium_batch']
 
 # %% ../../nbs/12_kernels_attention.ipynb #7499e65f
-PDL = {"on": False, "allowed": True}
+PDL = {"on": False, "allowed": os.environ.get("DSPARK_PDL", "1") != "0"}
 """Programmatic dependent launch (Hopper and later; `runtime.graphs` turns it on once `pdl_check` agrees): a kernel
 launched with it may start while the kernel before it drains, and waits for that kernel's results (`gdc_entry`)
 before its first read or write, so its launch and set-up overlap the tail of the one before. Off, every kernel
-starts after the one before has finished, as a plain launch does. `allowed`: benchmarks set it False to time the
-plain launches (it takes effect at the next `runtime.graphs.fast_path`)."""
+starts after the one before has finished, as a plain launch does. `allowed` (False with `DSPARK_PDL=0` in the
+environment, or set by a benchmark to time the plain launches) takes effect at the next `runtime.graphs.fast_path`."""
 
 @triton.jit
 def gdc_entry(GDC: tl.constexpr):
