@@ -31,6 +31,21 @@ def test_sampled_json_matches_the_schema(spec):
     if spec: assert llm.spec_stats()["num_draft_tokens"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_constrained_rounds_on_the_gpu_keep_the_schema():
+    """The GPU path of constrained DSpark, which the CPU never takes (mask rows written once into pinned memory, the
+    one-launch masked argmax, MaskedSteps' mapped buffers, the draft walk's mask block): greedy and sampled
+    completions in one batch are all complete documents of the schema."""
+    llm = LLM(speculative="dspark", device="cuda", dtype="bfloat16", max_num_seqs=40)
+    sp = [SamplingParams(temperature=0.0 if s < 8 else 1.0, max_tokens=48, seed=s, structured_outputs={"json": SCHEMA})
+          for s in range(40)]
+    for o in llm.generate([f"Data {s}:" for s in range(40)], sp, use_tqdm=False):
+        c = o.outputs[0]
+        assert c.finish_reason == "stop", c
+        jsonschema.validate(json.loads(c.text), SCHEMA)
+    assert llm.spec_stats()["num_draft_tokens"] > 0
+
+
 @pytest.fixture(scope="module")
 def v16(tmp_path_factory):
     ck = dspark.make_tiny_checkpoint(tmp_path_factory.mktemp("v16s"), seed=5, drafter="dspark", vocab_size=16, dspark_block_size=3)
