@@ -54,7 +54,7 @@ def test_dependent_launches_decode_the_plain_launches_tokens(spec):
     import dspark
     prompts = [f"Story {i}: once upon a time" for i in range(6)]
     sp = dspark.SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    got = {}
+    got, allowed = {}, PDL["allowed"]
     try:
         for allowed in (False, True):
             PDL["allowed"] = allowed
@@ -62,7 +62,7 @@ def test_dependent_launches_decode_the_plain_launches_tokens(spec):
             got[PDL["on"]] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
             del llm
     finally:
-        PDL["allowed"] = True
+        PDL["allowed"] = allowed
     if True not in got: pytest.skip(f"programmatic dependent launch is off here: {pdl_check(torch.device('cuda'))}")
     assert got[True] == got[False]
 
