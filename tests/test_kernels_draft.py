@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 
 import dspark
 from dspark.model.drafter import load_drafter
-from dspark.kernels.draft import (draft_block_attention, draft_block_attention_ref, markov_chunk, markov_greedy_ref,
-                                  markov_greedy_triton)
+from dspark.kernels.draft import (MARKOV_TILE_PROGRAMS, draft_block_attention, draft_block_attention_ref, markov_chunk,
+                                  markov_greedy_ref, markov_greedy_triton, markov_tiles)
 from dspark.kernels.hc import aten_launches
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -24,6 +24,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
     (3, 5, 120, 24, 8, 5, torch.float32),        # one split
     (2, 4, 1100, 16, 12, 2, torch.float32),      # nine splits, fewer positions than the block
     (2, 5, 1500, 16, 8, 5, torch.bfloat16),      # the linear rounded to bf16 before the add
+    (3, 5, 1500, 16, 32, 5, torch.bfloat16),     # a 16-row block a program: each W₂ tile read once for the rows
+    (20, 3, 700, 8, 16, 3, torch.float32),       # two row blocks, the second one mostly padding
+    (2, 4, 1100, 16, 64, 2, torch.float16),
 ])
 def test_markov_kernel_equals_the_loop(R, G, V, D, rank, n, dtype):
     g = torch.Generator().manual_seed(V)
@@ -57,6 +60,18 @@ def test_markov_kernel_breaks_ties_as_argmax():
                                      z.to(DEV), z.to(DEV), None, 2, chunk=512)
     assert drafts.tolist() == [[700, 700], [5, 5], [8, 8]]
     assert markov_chunk(1, 4096) == 128 and markov_chunk(64, 4096) == 256 and markov_chunk(1, 129280) == 128
+    z = torch.zeros(1100, 16)                           # the same ties in 16-row blocks (a rank wide enough for them)
+    U = torch.cat([U, U, U, U, U, U])                   # 18 rows: two blocks, each row's ties where its pattern puts them
+    drafts, _ = markov_greedy_triton(U.to(DEV), torch.zeros(18, 2, 4, device=DEV), torch.arange(18, device=DEV),
+                                     z.to(DEV), z.to(DEV), None, 2, chunk=512)
+    assert markov_tiles(18, 1100, 16, 512).block_m == 16 and drafts.tolist() == [[700, 700], [5, 5], [8, 8]] * 6
+
+
+def test_markov_tiles_choose_row_blocks():
+    "One row a program for a single request or a rank too narrow for a tensor-core product; 16-row blocks otherwise."
+    assert markov_tiles(1, 129280, 256).block_m == 1 and markov_tiles(4, 129280, 8).block_m == 1
+    t = markov_tiles(64, 129280, 256)
+    assert (t.block_m, t.grid[0]) == (16, 4) and t.grid[0] * t.splits <= MARKOV_TILE_PROGRAMS and t.chunk % t.block_v == 0
 
 
 @pytest.mark.parametrize("R,G,H,Dh,NC,dtype", [
@@ -280,8 +295,8 @@ def test_advance_kernel_equals_the_reference():
         assert torch.equal(buf.packed, want) and not torch.equal(want, before)
 
 
-@pytest.mark.parametrize("views", [False, True])
-def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own(views):
+@pytest.mark.parametrize("views,rank", [(False, 8), (True, 8), (False, 32)])   # rank 32: 16-row blocks
+def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own(views, rank):
     """The masked greedy loop on `MaskedSteps` kept for a bucket of 4 rows (as `DraftGraphs` keeps them, over its
     captured step's outputs, each round's logits copied into its `U`) serving 2 requests, two rounds in a row: the
     drafts equal those of the loop on buffers of its own, and each is the best token its mask allows after the draft
@@ -290,7 +305,7 @@ def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own(views):
     from dspark.kernels.draft import MaskedSteps, markov_masked_greedy_triton
     from dspark.model.drafter import markov_logits
     g = torch.Generator().manual_seed(3)
-    B, R, K, V, D, rank = 4, 2, 3, 300, 16, 8
+    B, R, K, V, D = 4, 2, 3, 300, 16
     U, h = torch.randn(B, K, V, generator=g).to(DEV), torch.randn(B, K, D, generator=g).to(DEV)
     w1, w2 = (torch.randn(V, rank, generator=g).to(DEV) for _ in range(2))
     anchors = torch.randint(0, V, (B,), generator=g).to(DEV)

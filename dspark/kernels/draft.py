@@ -7,6 +7,8 @@ Docs: https://dspark-dev.github.io/dspark/kernels_draft.html.md"""
 # %% ../../nbs/17_kernels_draft.ipynb #59fc7722
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -23,8 +25,9 @@ from .round import round_kernels_check
 from ..model.drafter import block_attention, markov_greedy, markov_logits
 
 # %% auto #0
-__all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'ROUND_CODE', 'markov_greedy_ref', 'draft_block_attention_ref', 'round_fp32',
-           'markov_chunk', 'markov_greedy_triton', 'MaskedSteps', 'markov_masked_greedy_triton', 'masked_steps_check',
+__all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'ROUND_CODE', 'MARKOV_TILE_ROWS', 'MARKOV_TILE_PROGRAMS', 'markov_greedy_ref',
+           'draft_block_attention_ref', 'round_fp32', 'markov_chunk', 'MarkovTiles', 'markov_tiles',
+           'markov_greedy_triton', 'MaskedSteps', 'markov_masked_greedy_triton', 'masked_steps_check',
            'draft_block_attention', 'draft_kernels_check']
 
 # %% ../../nbs/17_kernels_draft.ipynb #dc1eee2d
@@ -41,61 +44,78 @@ def round_fp32(x, TO: tl.constexpr):
 
 @triton.jit(do_not_specialize=["k", "n"])   # one binary for every position and depth: no compile in mid-stream
 def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
-                        drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONF: tl.constexpr,
-                        ROUND: tl.constexpr, MASKED: tl.constexpr, GDC: tl.constexpr = False):
-    """Program (row, split) of Markov step `k`: the previous token (the anchor, or step `k − 1`'s argmax from its
-    splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]` over the split's vocabulary chunk and
-    where it is (ties to the lowest index, as `torch.argmax`). Split 0 also writes draft `k − 1` and, with
-    `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch `k = n` only writes the last draft. `MASKED`:
-    only tokens whose bit is set in the row's packed mask (`mask_ptr`, int32 words, bit `v % 32` of word `v // 32`)
-    compete, and the previous token always comes from `anchor_ptr` (the host knows it: it gave the grammar)."""
+                        drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, R, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                        HAS_CONF: tl.constexpr, ROUND: tl.constexpr, MASKED: tl.constexpr, WIDEN: tl.constexpr = False,
+                        GDC: tl.constexpr = False):
+    """Program (row block, split) of Markov step `k` for rows `BLOCK_M·b …` (of `R`): each row's previous token (the
+    anchor, or step `k − 1`'s argmax from its splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]`
+    over the split's vocabulary chunk and where it is (ties to the lowest index, as `torch.argmax`). Each `W₂` tile
+    is read once for the block's rows: `BLOCK_M ≥ 16` multiplies on tensor cores, `BLOCK_M = 1` on vector units.
+    Split 0 also writes draft `k − 1` and, with `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch
+    `k = n` only writes the last draft. `MASKED`: only tokens whose bit is set in the row's packed mask (`mask_ptr`,
+    int32 words, bit `v % 32` of word `v // 32`) compete, and the previous token always comes from `anchor_ptr` (the
+    host knows it: it gave the grammar). `WIDEN` (Triton's interpreter, whose bf16 `dot` is wrong): 16-bit tiles
+    widened to fp32 before the product, which is exact."""
     gdc_entry(GDC)
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
+    row_ok = rows < R
     if MASKED:
-        prev = tl.load(anchor_ptr + row).to(tl.int64)
+        prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     elif k == 0:
-        prev = tl.load(anchor_ptr + row).to(tl.int64)
+        prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     else:
         s = tl.arange(0, BLOCK_S)        # names of their own: with k == 1 a constant, this branch is inlined and a
-        base = (row * n + k - 1) * SPLITS   # `v` here would become the vocabulary loop's carried variable
-        s_val = tl.load(val_ptr + base + s, mask=s < SPLITS, other=float("-inf"))
-        s_idx = tl.load(idx_ptr + base + s, mask=s < SPLITS, other=0)
-        prev = tl.sum(tl.where(s == tl.argmax(s_val, 0), s_idx, 0), 0).to(tl.int64)   # splits in vocabulary order
-        if split == 0: tl.store(drafts_ptr + row * n + k - 1, prev)
+        base = (rows * n + k - 1) * SPLITS   # `v` here would become the vocabulary loop's carried variable
+        s_ok = row_ok[:, None] & (s < SPLITS)[None, :]
+        s_val = tl.load(val_ptr + base[:, None] + s[None, :], mask=s_ok, other=float("-inf"))
+        s_idx = tl.load(idx_ptr + base[:, None] + s[None, :], mask=s_ok, other=0)
+        first = tl.argmax(s_val, 1)                                   # splits in vocabulary order
+        prev = tl.sum(tl.where(s[None, :] == first[:, None], s_idx, 0), 1).to(tl.int64)
+        if split == 0: tl.store(drafts_ptr + rows * n + k - 1, prev, mask=row_ok)
     if k < n:
         r = tl.arange(0, BLOCK_R)
-        e = tl.load(w1_ptr + prev * RANK + r, mask=r < RANK, other=0.0)
+        e = tl.load(w1_ptr + prev[:, None] * RANK + r[None, :], mask=(r < RANK)[None, :], other=0.0)   # [BLOCK_M, r]
         if HAS_CONF:
             if split == 0:
-                acc = tl.sum(e.to(tl.float32) * tl.load(cw_ptr + D + r, mask=r < RANK, other=0.0).to(tl.float32), 0)
+                cwr = tl.load(cw_ptr + D + r, mask=r < RANK, other=0.0).to(tl.float32)
+                acc = tl.sum(e.to(tl.float32) * cwr[None, :], 1)
                 for off in range(0, D, BLOCK_D):
                     dd = off + tl.arange(0, BLOCK_D)
-                    hv = tl.load(h_ptr + row * s_hr + k * s_hk + dd, mask=dd < D, other=0.0).to(tl.float32)
-                    acc += tl.sum(hv * tl.load(cw_ptr + dd, mask=dd < D, other=0.0).to(tl.float32), 0)
-                tl.store(conf_ptr + row * n + k, acc)
-        e = e.to(tl.float32)
+                    hv = tl.load(h_ptr + rows[:, None] * s_hr + k * s_hk + dd[None, :],
+                                 mask=row_ok[:, None] & (dd < D)[None, :], other=0.0).to(tl.float32)
+                    acc += tl.sum(hv * tl.load(cw_ptr + dd, mask=dd < D, other=0.0).to(tl.float32)[None, :], 1)
+                tl.store(conf_ptr + rows * n + k, acc, mask=row_ok)
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, V)
-        best = tl.full([], float("-inf"), tl.float32)
-        arg = start.to(tl.int64)
+        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        arg = tl.full([BLOCK_M], 0, tl.int64) + start
         for off in range(start, end, BLOCK_V):
             v = off + tl.arange(0, BLOCK_V)
             m = v < end
             w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
-            mk = round_fp32(tl.sum(w.to(tl.float32) * e[None, :], 1), ROUND)   # the r→V linear, in its dtype
-            u = tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0).to(tl.float32)   # 16-bit U: exact
+            if BLOCK_M == 1:                             # one row: a dot product a token, on vector units
+                mk = tl.sum(w.to(tl.float32)[None, :, :] * e.to(tl.float32)[:, None, :], 2)
+            elif ROUND == 0 or WIDEN:                    # fp32 weights: full-precision products, not tf32
+                mk = tl.dot(e.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:                                        # 16-bit weights: exact products, an fp32 sum
+                mk = tl.dot(e, tl.trans(w))
+            mk = round_fp32(mk, ROUND)                   # the r→V linear, in its dtype
+            u = tl.load(u_ptr + rows[:, None] * s_ur + k * s_uk + v[None, :], mask=row_ok[:, None] & m[None, :],
+                        other=0.0).to(tl.float32)       # 16-bit U: exact
+            ok = row_ok[:, None] & m[None, :]
             if MASKED:
-                m = m & (((tl.load(mask_ptr + row * s_mr + v // 32, mask=m, other=0) >> (v % 32)) & 1) != 0)
-            lg = tl.where(m, u + mk, float("-inf"))
-            t_best = tl.max(lg, 0)
-            t_arg = tl.argmax(lg, 0).to(tl.int64) + off
+                words = tl.load(mask_ptr + rows[:, None] * s_mr + (v // 32)[None, :], mask=ok, other=0)
+                ok = ok & (((words >> (v % 32)[None, :]) & 1) != 0)
+            lg = tl.where(ok, u + mk, float("-inf"))
+            t_best = tl.max(lg, 1)
+            t_arg = tl.argmax(lg, 1).to(tl.int64) + off
             better = t_best > best                       # strictly: an equal value later in the row loses
             arg = tl.where(better, t_arg, arg)
             best = tl.where(better, t_best, best)
-        tl.store(val_ptr + (row * n + k) * SPLITS + split, best)
-        tl.store(idx_ptr + (row * n + k) * SPLITS + split, arg)
+        tl.store(val_ptr + (rows * n + k) * SPLITS + split, best, mask=row_ok)
+        tl.store(idx_ptr + (rows * n + k) * SPLITS + split, arg, mask=row_ok)
 
 MARKOV_CHUNK = 128        # the fewest token ids a program scores (one tile of `W₂` rows at the drafter's rank)
 MARKOV_PROGRAMS = 1024    # chunks double while a launch would have more programs than this
@@ -110,6 +130,34 @@ def markov_chunk(R: int, V: int) -> int:
     while R * triton.cdiv(V, c) > MARKOV_PROGRAMS and c < 8192: c *= 2
     return c
 
+MARKOV_TILE_ROWS = 2      # rows from which a program scores a 16-row block on tensor cores, reading each W₂ tile once
+MARKOV_TILE_PROGRAMS = 256   # a tiled launch's chunks double while it would have more programs than this
+
+class MarkovTiles(NamedTuple):
+    "One launch layout of `_markov_step_kernel`: rows a program, token ids a tile and a program, splits, grid."
+    block_m: int
+    block_v: int
+    chunk: int
+    splits: int
+    grid: tuple[int, int]
+
+def markov_tiles(R: int, V: int, rank: int, chunk: int | None = None) -> MarkovTiles:
+    """The layout for `R` rows over a vocabulary of `V` at the head's `rank`. From `MARKOV_TILE_ROWS` rows a program
+    takes 16 of them, so a tile of `W₂` is read once for all, not once a row (a rank under 16 is too narrow for a
+    tensor-core product and stays one row a program); one row a program otherwise, at `markov_chunk`'s chunk.
+    Tiled programs read every split's result of their rows for the previous position, so they take larger
+    chunks. `chunk`: token ids a program, instead of the default."""
+    block_r = triton.next_power_of_2(rank)
+    if R >= MARKOV_TILE_ROWS and block_r >= 16:
+        bm, bv, blocks = 16, max(16, min(64, 16384 // block_r)), triton.cdiv(R, 16)
+        c = MARKOV_CHUNK
+        while chunk is None and blocks * triton.cdiv(V, c) > MARKOV_TILE_PROGRAMS and c < 8192: c *= 2
+    else:
+        bm, bv, c = 1, max(16, min(128, 8192 // block_r)), markov_chunk(R, V)
+    c = chunk or c
+    S = triton.cdiv(V, c)
+    return MarkovTiles(bm, bv, c, S, (triton.cdiv(R, bm), S))
+
 def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                          conf_w: torch.Tensor | None, n: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy Markov drafts for `R` blocks in `n + 1` launches: `U [R, γ, V]` base logits (fp32, or the head's 16-bit
@@ -123,22 +171,21 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     if h.stride(-1) != 1: h = h.contiguous()
     if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
     w1, w2 = w1.contiguous(), w2.contiguous()
-    chunk = chunk or markov_chunk(R, V)
-    S = triton.cdiv(V, chunk)
+    t = markov_tiles(R, V, RANK, chunk)
+    S = t.splits
     dev = U.device
     vals = torch.empty(R, n, S, dtype=torch.float32, device=dev)
     idx = torch.empty(R, n, S, dtype=torch.int64, device=dev)
     drafts = torch.empty(R, n, dtype=torch.long, device=dev)
     conf = torch.empty(R, n, dtype=torch.float32, device=dev) if conf_w is not None else None
     if R == 0 or n == 0: return drafts, conf
-    BLOCK_R = triton.next_power_of_2(RANK)
-    BLOCK_V = max(16, min(128, 8192 // BLOCK_R))
     for k in range(n + 1):
-        launch(_markov_step_kernel, (R, S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
+        launch(_markov_step_kernel, t.grid, U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
                w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-               idx, 0, k, n, V, D, RANK, chunk, S, BLOCK_V=BLOCK_V, BLOCK_R=BLOCK_R,
+               idx, 0, k, n, R, V, D, RANK, t.chunk, S, BLOCK_V=t.block_v, BLOCK_M=t.block_m,
+               BLOCK_R=triton.next_power_of_2(RANK),
                BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
-               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype], MASKED=False)
+               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype], MASKED=False, WIDEN=not U.is_cuda)
     return drafts, conf
 
 class MaskedSteps:
@@ -155,8 +202,8 @@ class MaskedSteps:
         self.U, self.h, self.anchors = (t.contiguous() for t in (U, h, anchors))
         self.w1, self.w2, self.n, self.mapped = w1.contiguous(), w2.contiguous(), n, mapped
         R, _, V = U.shape
-        self.chunk = markov_chunk(R, V)
-        self.S, W = triton.cdiv(V, self.chunk), triton.cdiv(V, 32)
+        self.tiles = markov_tiles(R, V, self.w1.shape[1])
+        self.S, W = self.tiles.splits, triton.cdiv(V, 32)
         at = dict(pin_memory=True) if mapped else dict(device=U.device)
         self.words = torch.zeros(R, W, dtype=torch.int32, **at)
         self.prev = torch.zeros(R, dtype=torch.int64, **at)
@@ -171,12 +218,13 @@ class MaskedSteps:
         U, h, w2 = self.U, self.h, self.w2
         R, _, V = U.shape
         RANK, D = self.w1.shape[1], h.shape[-1]
-        BLOCK_R = triton.next_power_of_2(RANK)
-        launch(_markov_step_kernel, (R, self.S), U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1),
+        t = self.tiles
+        launch(_markov_step_kernel, t.grid, U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1),
                self.anchors if k == 0 else self.prev, self.w1, w2, self.w1, self.vals, self.idx, self.idx, self.vals,
-               self.words, self.words.stride(0), k, self.n, V, D, RANK, self.chunk, self.S,
-               BLOCK_V=max(16, min(128, 8192 // BLOCK_R)), BLOCK_R=BLOCK_R, BLOCK_S=triton.next_power_of_2(self.S),
-               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True)
+               self.words, self.words.stride(0), k, self.n, R, V, D, RANK, t.chunk, self.S, BLOCK_V=t.block_v,
+               BLOCK_M=t.block_m, BLOCK_R=triton.next_power_of_2(RANK), BLOCK_S=triton.next_power_of_2(self.S),
+               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True,
+               WIDEN=not U.is_cuda)
 
     def step(self, k: int, words, last: list[int] | None) -> list[int]:
         """Position `k` for the first `len(words)` rows (the rest are padding, which allow nothing): their masks
