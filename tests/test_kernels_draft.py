@@ -150,6 +150,10 @@ def test_check_passes_and_catches_a_wrong_kernel(tiny_ckpt, monkeypatch):
     good_markov, good_attn = kd.markov_greedy_triton, kd.draft_block_attention
     monkeypatch.setattr(kd, "markov_greedy_triton", lambda *a: (lambda d, c: ((d + 1) % 512, c))(*good_markov(*a)))
     assert "Markov draft 0" in kd.draft_kernels_check(drafter)
+    assert kd.markov_tiles(3, drafter.cfg.vocab_size, drafter.last.markov_head.markov_w1.weight.shape[1]).block_m == 16
+    off_in_blocks = lambda U, *a: (lambda d, c: ((d + (len(d) > 1)) % 512, c))(*good_markov(U, *a))
+    monkeypatch.setattr(kd, "markov_greedy_triton", off_in_blocks)    # right for one row, wrong for a row block
+    assert "Markov draft 0 of row 0 of 3" in kd.draft_kernels_check(drafter)
     monkeypatch.setattr(kd, "markov_greedy_triton", good_markov)
     monkeypatch.setattr(kd, "draft_block_attention", lambda *a, **k: good_attn(*a, **k) * 1.01)
     assert "block attention differs" in kd.draft_kernels_check(drafter)

@@ -425,11 +425,11 @@ draft_block_attention_ref = block_attention   # the reference: the drafter's own
 # %% ../../nbs/17_kernels_draft.ipynb #eedb7fd5
 @torch.no_grad()
 def draft_kernels_check(drafter, seed: int = 0) -> str | None:
-    """The kernels once at `drafter`'s own shapes (one request, random inputs on its device and in its dtype)
-    against their references (the round's hand-over too): None when they agree, else what went wrong. The GPU fast path gives the drafter the
-    kernels only then, so a kernel that fails to compile or disagrees on some GPU or Triton version costs drafting
-    speed, never a failed start or wrong drafts. The Markov drafts may differ only where the reference's own
-    scores of the two tokens are within bf16 rounding (the linear's summation order differs)."""
+    """The kernels once at `drafter`'s own shapes (one request, and three for the Markov loop's row blocks; random
+    inputs on its device and in its dtype) against their references (the round's hand-over too): None when they
+    agree, else what went wrong. The GPU fast path gives the drafter the kernels only then, so a kernel that fails to
+    compile or disagrees on some GPU or Triton version costs drafting speed, never a failed start or wrong drafts.
+    The Markov drafts may differ only where the reference's own scores of the two tokens are within bf16 rounding (the linear's summation order differs)."""
     cfg, dev = drafter.cfg, drafter.target.embed.weight.device
     mh, attn = drafter.last.markov_head, drafter.mtp[0].attn
     dt, G = mh.markov_w1.weight.dtype, drafter.block_size
@@ -446,29 +446,34 @@ def draft_kernels_check(drafter, seed: int = 0) -> str | None:
         for got in (out, inplace):
             if not torch.allclose(got, ref, atol=1e-4, rtol=1e-4):
                 return f"block attention differs from sink_attention by {(got - ref).abs().max().item():.3g}"
-        U, h = rnd(1, G, V, scale=4.0).to(dt), rnd(1, G, cfg.hidden_size).to(dt)   # U in the head's dtype, as drafted
-        anchors, cw = torch.randint(0, V, (1,), generator=gen).to(dev), drafter.last.confidence_head.proj.weight[0]
-        w1, w2 = mh.markov_w1.weight, mh.markov_w2.weight
-        drafts, conf = markov_greedy_triton(U, h, anchors, w1, w2, cw, G)
-        ref_drafts, ref_conf = markov_greedy_ref(U.float(), h, anchors, w1, w2, cw, G)
-        if not torch.allclose(conf, ref_conf, atol=1e-3, rtol=1e-3):
-            return f"confidence logits differ from the reference by {(conf - ref_conf).abs().max().item():.3g}"
-        miss = (drafts[0] != ref_drafts[0]).nonzero()
-        if len(miss):
-            k = int(miss[0])
-            prev = anchors if k == 0 else ref_drafts[:, k - 1]
-            lg = markov_logits(U[:, k].float(), prev, w1, w2)[0]
-            a, b = lg[drafts[0, k]].item(), lg[ref_drafts[0, k]].item()
-            if abs(a - b) > 1e-2 * max(1.0, abs(b)):
-                return f"Markov draft {k} is token {int(drafts[0, k])} (score {a:.4g}), the reference's {int(ref_drafts[0, k])} ({b:.4g})"
-        words = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).to(dev)
-        ok = ((words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1).view(1, -1)[:, :V].bool()
-        md = markov_masked_greedy_triton(U, h, anchors, w1, w2, G, lambda k, last: words).to(dev)   # drafts come on the host
-        for k in range(G):                       # each masked draft: allowed, and the best allowed after the one before
-            lg = markov_logits(U[:, k].float(), anchors if k == 0 else md[:, k - 1], w1, w2)[0].masked_fill(~ok[0], -1e30)
-            a, b = lg[md[0, k]].item(), lg.max().item()
-            if abs(a - b) > 1e-2 * max(1.0, abs(b)):
-                return f"masked Markov draft {k} is token {int(md[0, k])} (score {a:.4g}), the allowed best scores {b:.4g}"
+        cw, w1, w2 = drafter.last.confidence_head.proj.weight[0], mh.markov_w1.weight, mh.markov_w2.weight
+        for R in (1, 3):                         # one row a program, and a block of rows (`markov_tiles`)
+            U, h = rnd(R, G, V, scale=4.0).to(dt), rnd(R, G, cfg.hidden_size).to(dt)   # U in the head's dtype, as drafted
+            anchors = torch.randint(0, V, (R,), generator=gen).to(dev)
+            drafts, conf = markov_greedy_triton(U, h, anchors, w1, w2, cw, G)
+            ref_drafts, ref_conf = markov_greedy_ref(U.float(), h, anchors, w1, w2, cw, G)
+            if not torch.allclose(conf, ref_conf, atol=1e-3, rtol=1e-3):
+                return f"confidence logits differ from the reference by {(conf - ref_conf).abs().max().item():.3g}"
+            words = torch.randint(-2 ** 31, 2 ** 31 - 1, (R, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).to(dev)
+            ok = ((words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1).view(R, -1)[:, :V].bool()
+            md = markov_masked_greedy_triton(U, h, anchors, w1, w2, G, lambda k, last: words).to(dev)   # drafts: host
+            for i in range(R):
+                miss = (drafts[i] != ref_drafts[i]).nonzero()
+                if len(miss):
+                    k = int(miss[0])
+                    prev = anchors[i:i + 1] if k == 0 else ref_drafts[i:i + 1, k - 1]
+                    lg = markov_logits(U[i:i + 1, k].float(), prev, w1, w2)[0]
+                    a, b = lg[drafts[i, k]].item(), lg[ref_drafts[i, k]].item()
+                    if abs(a - b) > 1e-2 * max(1.0, abs(b)):
+                        return (f"Markov draft {k} of row {i} of {R} is token {int(drafts[i, k])} (score {a:.4g}), "
+                                f"the reference's {int(ref_drafts[i, k])} ({b:.4g})")
+                for k in range(G):               # each masked draft: allowed, and the best allowed after the one before
+                    prev = anchors[i:i + 1] if k == 0 else md[i:i + 1, k - 1]
+                    lg = markov_logits(U[i:i + 1, k].float(), prev, w1, w2)[0].masked_fill(~ok[i], -1e30)
+                    a, b = lg[md[i, k]].item(), lg.max().item()
+                    if abs(a - b) > 1e-2 * max(1.0, abs(b)):
+                        return (f"masked Markov draft {k} of row {i} of {R} is token {int(md[i, k])} (score {a:.4g}), "
+                                f"the allowed best scores {b:.4g}")
         why = round_kernels_check(V, G, cfg.sliding_window, dev, gen)   # the round's kernels, on the same draws
         if why is not None: return why
     except Exception as e:                       # a compiler or launch error on this device: keep the torch path
