@@ -170,14 +170,18 @@ def test_in_place_and_fused_final(hc, D, dtype, block_d):
     assert torch.equal(xi, want)
     other = torch.empty_like(x)
     assert torch.equal(hc_post_fused(out, x, post, comb, dst=other), want) and torch.equal(other, want)
-    h, tap = hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg, tap=True, block_d=block_d)
-    assert h.shape == (2, 3, D) and h.dtype == dtype and tap.shape == (2, 3, D) and tap.dtype == torch.float32
     rtol = 1e-5 if dtype == torch.float32 else 2 ** -7
-    torch.testing.assert_close(h, hc_head_fused(want, fn[:hc], base[:hc], scale[:1], cfg), rtol=rtol, atol=1e-5)
-    torch.testing.assert_close(tap, want.mean(-2, dtype=torch.float32), rtol=1e-6, atol=1e-6)
+    for split in (True, False):        # column slices from partial mixes (decode sizes), or one program a token
+        h, tap = hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg, tap=True, block_d=block_d,
+                                    split=split)
+        assert h.shape == (2, 3, D) and h.dtype == dtype and tap.shape == (2, 3, D) and tap.dtype == torch.float32
+        torch.testing.assert_close(h, hc_head_fused(want, fn[:hc], base[:hc], scale[:1], cfg), rtol=rtol, atol=1e-5)
+        torch.testing.assert_close(tap, want.mean(-2, dtype=torch.float32), rtol=1e-6, atol=1e-6)
     assert hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg)[1] is None
     assert aten_launches(hc_post_head_fused, out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg) == Counter(
-        {"triton:_hc_post_head_kernel": 1})
+        {"triton:_hc_post_mix_kernel": 1, "triton:_hc_post_apply_kernel": 1})     # 6 tokens: split
+    assert aten_launches(hc_post_head_fused, out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg, split=False) == \
+        Counter({"triton:_hc_post_head_kernel": 1})
     with pytest.raises(ValueError, match="dst must be contiguous"):
         hc_post_fused(out, x, post, comb, dst=torch.empty(2, 3, hc, D + 1, device=DEV, dtype=dtype))
     with pytest.raises(ValueError, match="fn must have shape"):
@@ -185,3 +189,23 @@ def test_in_place_and_fused_final(hc, D, dtype, block_d):
     with layers.batch_invariant():
         with pytest.raises(RuntimeError, match="batch invariant"):
             hc_post_head_fused(out, x, post, comb, fn[:hc], base[:hc], scale[:1], cfg)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile the kernels for real")
+def test_post_head_kernels_compile_for_hopper():
+    """The final post/head's kernels (split and one program a token) compiled for sm_90 with the signatures a GPU's
+    JIT would see at V4-Flash width in bf16: the interpreter never compiles them."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from kernel_compile import compile_all, record
+    hc, D = 4, 4096
+    cfg = dataclasses.replace(CFG, hc_mult=hc)
+    g = torch.Generator().manual_seed(2)
+    x, out = torch.randn(1, hc, D, generator=g).bfloat16(), torch.randn(1, D, generator=g).bfloat16()
+    post, comb = torch.rand(1, hc, generator=g), torch.softmax(torch.randn(1, hc, hc, generator=g), -1)
+    fn, base, scale = torch.randn(hc, hc * D, generator=g) / 128, torch.randn(hc, generator=g), torch.ones(1)
+    sigs = []
+    with record(sigs):
+        for split in (True, False): hc_post_head_fused(out, x, post, comb, fn, base, scale, cfg, tap=True, split=split)
+    assert {s[1] for s in sigs} == {"_hc_post_mix_kernel", "_hc_post_apply_kernel", "_hc_post_head_kernel"}, sigs
+    failed = compile_all(sigs)
+    assert not failed, "\n".join(failed)

@@ -25,8 +25,8 @@ from ..model.layers import is_batch_invariant
 from ..model.mhc import register_post
 
 # %% auto #0
-__all__ = ['SPLIT_MIX_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused', 'hc_post_fused_into',
-           'hc_post_head_fused', 'hc_variants_check']
+__all__ = ['SPLIT_MIX_ROWS', 'SPLIT_POST_HEAD_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused',
+           'hc_post_fused_into', 'hc_post_head_fused', 'hc_variants_check']
 
 # %% ../../nbs/14_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
@@ -301,12 +301,59 @@ def _hc_post_head_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, fn_ptr, base_ptr, s
         new = _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC, HC_P, BLOCK_D, h_ptr.dtype.element_ty)
         tl.store(h_ptr + t * D + d, tl.sum(pre[:, None] * new, 0).to(h_ptr.dtype.element_ty), mask=dm)
 
+@triton.jit
+def _hc_post_mix_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, fn_ptr, part_ptr, tap_ptr, D, S,
+                        HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, TAP: tl.constexpr,
+                        GDC: tl.constexpr = False):
+    """Program (t, s): token t's new streams at column slice s (never stored), their partial head mixes and sum of
+    squares into `part [N, S, HC + 1]`, and the slice of the tap."""
+    gdc_entry(GDC)
+    t, s = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    j = tl.arange(0, HC_P)
+    col = j < HC
+    d = s * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    post = tl.load(post_ptr + t * HC + j, mask=col, other=0.0).to(tl.float32)
+    new = _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC, HC_P, BLOCK_D, x_ptr.dtype.element_ty)
+    part = part_ptr + (t * S + s) * (HC + 1)
+    for m in tl.static_range(HC):                                    # head row m against the slice's streams
+        w = tl.load(fn_ptr + m * HC * D + j[:, None] * D + d[None, :], mask=col[:, None] & dm[None, :], other=0.0)
+        tl.store(part + m, tl.sum(tl.sum(w.to(tl.float32) * new, 1), 0))
+    tl.store(part + HC, tl.sum(tl.sum(new * new, 1), 0))
+    if TAP: tl.store(tap_ptr + t * D + d, tl.sum(new, 0) / HC, mask=dm)
+
+@triton.jit
+def _hc_post_apply_kernel(out_ptr, x_ptr, post_ptr, comb_ptr, part_ptr, base_ptr, scale_ptr, h_ptr, D, S, norm_eps,
+                          hc_eps, HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, S_P: tl.constexpr,
+                          GDC: tl.constexpr = False):
+    """Program (t, s): the head weights from token t's S partials (every program of the token sums them in the same
+    order), then `h = Σ_j pre_j new_j` at column slice s, the new streams made again from x."""
+    gdc_entry(GDC)
+    t, s = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    j = tl.arange(0, HC_P)
+    col = j < HC
+    part = part_ptr + t * S * (HC + 1)
+    rs = tl.rsqrt(tl.sum(_mix_at(part, HC + j, j == 0, S, HC + 1, S_P), 0) / (HC * D) + norm_eps)
+    pre = _mix_at(part, j, col, S, HC + 1, S_P) * rs * tl.load(scale_ptr).to(tl.float32) \
+        + tl.load(base_ptr + j, mask=col, other=0.0).to(tl.float32)
+    pre = tl.where(col, tl.sigmoid(pre) + hc_eps, 0.0)
+    d = s * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    post = tl.load(post_ptr + t * HC + j, mask=col, other=0.0).to(tl.float32)
+    new = _hc_post_tile(out_ptr, x_ptr, post, comb_ptr, t, d, dm, j, col, D, HC, HC_P, BLOCK_D, x_ptr.dtype.element_ty)
+    tl.store(h_ptr + t * D + d, tl.sum(pre[:, None] * new, 0).to(h_ptr.dtype.element_ty), mask=dm)
+
+SPLIT_POST_HEAD_ROWS = 16   # up to this many tokens the final post/head runs as column slices (two launches):
+                            # one program a token read the head's 256 KB of mixing rows alone
+
 def hc_post_head_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
                        base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig, tap: bool = False,
-                       block_d: int | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       block_d: int | None = None, num_warps: int = 4,
+                       split: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`hc_head_fused(hc_post_fused(out, x, post, comb), fn, base, scale, cfg)` in one launch that never writes the
     new streams: `(h [..., D] in x.dtype, tap)`, `tap` the new streams' fp32 hc-mean `[..., D]` when asked for, else
-    None (`model.mhc.hc_post_head`'s signature). Fast path only."""
+    None (`model.mhc.hc_post_head`'s signature). `split` (default: up to `SPLIT_POST_HEAD_ROWS` tokens) spreads each
+    token over column slices in two launches, the mixes summed from the slices' partials. Fast path only."""
     _fast_path_only("hc_post_head_fused")
     if x.dim() < 2: raise ValueError(f"hc_post_head_fused: x must have shape [..., hc, D], got {tuple(x.shape)}")
     (hc, D), lead = x.shape[-2:], x.shape[:-2]
@@ -314,10 +361,20 @@ def hc_post_head_fused(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, c
            fn=(fn, (hc, hc * D)), base=(base, (hc,)), scale=(scale, (1,)))
     xs = x.reshape(-1, hc, D).contiguous()
     N = xs.shape[0]
-    bd = _block(D, 1024 if N <= SPLIT_MIX_ROWS else 256, block_d)   # a decode step's one program a token: fewer, wider
-    h = torch.empty(N, D, dtype=x.dtype, device=x.device)           # passes (16 of 256 were latency-bound at D 4,096)
+    split = N <= SPLIT_POST_HEAD_ROWS if split is None else split
+    bd = _block(D, 256 if split or N > SPLIT_MIX_ROWS else 1024, block_d)   # one program a token: fewer, wider passes
+    h = torch.empty(N, D, dtype=x.dtype, device=x.device)           # (16 of 256 were latency-bound at D 4,096)
     t = torch.empty(N, D, dtype=torch.float32, device=x.device) if tap else None
-    if N:
+    args = (out.reshape(N, D).contiguous(), xs, post.reshape(N, hc).contiguous(), comb.reshape(N, hc, hc).contiguous())
+    if N and split:
+        S = triton.cdiv(D, bd)
+        part = torch.empty(N, S, hc + 1, dtype=torch.float32, device=x.device)
+        launch(_hc_post_mix_kernel, (N, S), *args, fn.contiguous(), part, t if tap else h, D, S, HC=hc,
+               HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, TAP=tap, num_warps=num_warps)
+        launch(_hc_post_apply_kernel, (N, S), *args, part, base.contiguous(), scale.contiguous(), h, D, S,
+               cfg.rms_norm_eps, cfg.hc_eps, HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd,
+               S_P=triton.next_power_of_2(S), num_warps=num_warps)
+    elif N:
         launch(_hc_post_head_kernel, (N,), out.reshape(N, D).contiguous(), xs, post.reshape(N, hc).contiguous(),
                comb.reshape(N, hc, hc).contiguous(), fn.contiguous(), base.contiguous(), scale.contiguous(), h,
                t if tap else h, D, cfg.rms_norm_eps, cfg.hc_eps, HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd,
@@ -346,13 +403,14 @@ def hc_variants_check(device: str | torch.device, dtype: torch.dtype = torch.bfl
         want = hc_post_fused(out, x, post, comb)
         if not torch.equal(hc_post_fused(out, x.clone(), post, comb, dst=(y := x.clone())), want) or not torch.equal(y, want):
             return f"hc_post_fused in place differs from a fresh buffer in {dtype} on {device}"
-        h, tap = hc_post_head_fused(out, x, post, comb, fn, base, scale, cfg, tap=True)
         ref = hc_head_fused(want, fn, base, scale, cfg).float()
         tol = (1e-5 if dtype == torch.float32 else 2 ** -6) * ref.abs().max().item() + 1e-5
-        if not (h.float() - ref).abs().max().item() <= tol:
-            return f"hc_post_head_fused differs from hc_head_fused(hc_post_fused(...)) in {dtype} on {device}"
-        if not (tap - want.float().mean(-2)).abs().max().item() <= 1e-5 * want.float().abs().max().item() + 1e-6:
-            return f"hc_post_head_fused's tap differs from the streams' mean in {dtype} on {device}"
+        for split in (True, False):                             # column slices (decode sizes), one program a token
+            h, tap = hc_post_head_fused(out, x, post, comb, fn, base, scale, cfg, tap=True, split=split)
+            if not (h.float() - ref).abs().max().item() <= tol:
+                return f"hc_post_head_fused (split={split}) differs from hc_head_fused(hc_post_fused(...)) in {dtype} on {device}"
+            if not (tap - want.float().mean(-2)).abs().max().item() <= 1e-5 * want.float().abs().max().item() + 1e-6:
+                return f"hc_post_head_fused's tap (split={split}) differs from the streams' mean in {dtype} on {device}"
     except Exception as e:                                      # a compiler or launch error on this device
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None
