@@ -1,4 +1,4 @@
-"""The DSpark drafter's greedy Markov loop and its block attention, each a chain of small launches in the reference, as Triton kernels: the Markov loop in γ + 1 launches whatever the vocabulary, the block attention in one launch a stage — each checked against its torch reference.
+"""The DSpark drafter's block attention as one Triton launch a stage where the reference is a chain of small launches, and the check that gives a drafter its kernels (this chapter's and chapter 17a's Markov loop) only once they agree with their references on the device.
 
 Docs: https://dspark-dev.github.io/dspark/kernels_draft.html.md"""
 
@@ -7,291 +7,25 @@ Docs: https://dspark-dev.github.io/dspark/kernels_draft.html.md"""
 # %% ../../nbs/17_kernels_draft.ipynb #59fc7722
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
 import torch
 
 # kernels_attention comes first: on a machine without CUDA it switches Triton to its interpreter, which must
 # happen before triton is imported
 from . import attention as kernels_attention  # noqa: F401
 from .hc import launch
-from ..timing import capture_graphs
 import triton
 import triton.language as tl
 from .attention import gdc_entry
 
 from .round import round_kernels_check
-from ..model.drafter import block_attention, markov_greedy, markov_logits
+from ..model.drafter import block_attention, markov_logits
+from .markov import (MARKOV_CHUNK, MARKOV_PROGRAMS, MARKOV_TILE_PROGRAMS, MARKOV_TILE_ROWS,  # noqa: F401
+                                   ROUND_CODE, MarkovTiles, MaskedSteps, markov_chunk, markov_greedy_ref,
+                                   markov_greedy_triton, markov_masked_greedy_triton, markov_tiles,
+                                   masked_steps_check, round_fp32)   # chapter 17a: the Markov loop
 
 # %% auto #0
-__all__ = ['MARKOV_CHUNK', 'MARKOV_PROGRAMS', 'ROUND_CODE', 'MARKOV_TILE_ROWS', 'MARKOV_TILE_PROGRAMS', 'markov_greedy_ref',
-           'draft_block_attention_ref', 'round_fp32', 'markov_chunk', 'MarkovTiles', 'markov_tiles',
-           'markov_greedy_triton', 'MaskedSteps', 'markov_masked_greedy_triton', 'masked_steps_check',
-           'draft_block_attention', 'draft_kernels_check']
-
-# %% ../../nbs/17_kernels_draft.ipynb #dc1eee2d
-@triton.jit
-def round_fp32(x, TO: tl.constexpr):
-    """fp32 `x` rounded to the weights' dtype and back (`TO`: 0 fp32, 1 bf16, 2 fp16), to nearest even: as a bf16
-    `nn.Linear` returns its output. bf16 by bit arithmetic, which Triton's interpreter rounds like the GPU does."""
-    if TO == 1:
-        b = x.to(tl.uint32, bitcast=True)
-        x = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    elif TO == 2:
-        x = x.to(tl.float16).to(tl.float32)
-    return x
-
-@triton.jit(do_not_specialize=["k", "n"])   # one binary for every position and depth: no compile in mid-stream
-def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
-                        drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, R, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                        HAS_CONF: tl.constexpr, ROUND: tl.constexpr, MASKED: tl.constexpr, WIDEN: tl.constexpr = False,
-                        GDC: tl.constexpr = False):
-    """Program (row block, split) of Markov step `k` for rows `BLOCK_M·b …` (of `R`): each row's previous token (the
-    anchor, or step `k − 1`'s argmax from its splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]`
-    over the split's vocabulary chunk and where it is (ties to the lowest index, as `torch.argmax`). Each `W₂` tile
-    is read once for the block's rows: `BLOCK_M ≥ 16` multiplies on tensor cores, `BLOCK_M = 1` on vector units.
-    Split 0 also writes draft `k − 1` and, with `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch
-    `k = n` only writes the last draft. `MASKED`: only tokens whose bit is set in the row's packed mask (`mask_ptr`,
-    int32 words, bit `v % 32` of word `v // 32`) compete, and the previous token always comes from `anchor_ptr` (the
-    host knows it: it gave the grammar). `WIDEN` (Triton's interpreter, whose bf16 `dot` is wrong): 16-bit tiles
-    widened to fp32 before the product, which is exact."""
-    gdc_entry(GDC)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    split = tl.program_id(1)
-    row_ok = rows < R
-    if MASKED:
-        prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    elif k == 0:
-        prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    else:
-        s = tl.arange(0, BLOCK_S)        # names of their own: with k == 1 a constant, this branch is inlined and a
-        base = (rows * n + k - 1) * SPLITS   # `v` here would become the vocabulary loop's carried variable
-        s_ok = row_ok[:, None] & (s < SPLITS)[None, :]
-        s_val = tl.load(val_ptr + base[:, None] + s[None, :], mask=s_ok, other=float("-inf"))
-        s_idx = tl.load(idx_ptr + base[:, None] + s[None, :], mask=s_ok, other=0)
-        first = tl.argmax(s_val, 1)                                   # splits in vocabulary order
-        prev = tl.sum(tl.where(s[None, :] == first[:, None], s_idx, 0), 1).to(tl.int64)
-        if split == 0: tl.store(drafts_ptr + rows * n + k - 1, prev, mask=row_ok)
-    if k < n:
-        r = tl.arange(0, BLOCK_R)
-        e = tl.load(w1_ptr + prev[:, None] * RANK + r[None, :], mask=(r < RANK)[None, :], other=0.0)   # [BLOCK_M, r]
-        if HAS_CONF:
-            if split == 0:
-                cwr = tl.load(cw_ptr + D + r, mask=r < RANK, other=0.0).to(tl.float32)
-                acc = tl.sum(e.to(tl.float32) * cwr[None, :], 1)
-                for off in range(0, D, BLOCK_D):
-                    dd = off + tl.arange(0, BLOCK_D)
-                    hv = tl.load(h_ptr + rows[:, None] * s_hr + k * s_hk + dd[None, :],
-                                 mask=row_ok[:, None] & (dd < D)[None, :], other=0.0).to(tl.float32)
-                    acc += tl.sum(hv * tl.load(cw_ptr + dd, mask=dd < D, other=0.0).to(tl.float32)[None, :], 1)
-                tl.store(conf_ptr + rows * n + k, acc, mask=row_ok)
-        start = split * CHUNK
-        end = tl.minimum(start + CHUNK, V)
-        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        arg = tl.full([BLOCK_M], 0, tl.int64) + start
-        for off in range(start, end, BLOCK_V):
-            v = off + tl.arange(0, BLOCK_V)
-            m = v < end
-            w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
-            if BLOCK_M == 1:                             # one row: a dot product a token, on vector units
-                mk = tl.sum(w.to(tl.float32)[None, :, :] * e.to(tl.float32)[:, None, :], 2)
-            elif ROUND == 0 or WIDEN:                    # fp32 weights: full-precision products, not tf32
-                mk = tl.dot(e.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:                                        # 16-bit weights: exact products, an fp32 sum
-                mk = tl.dot(e, tl.trans(w))
-            mk = round_fp32(mk, ROUND)                   # the r→V linear, in its dtype
-            u = tl.load(u_ptr + rows[:, None] * s_ur + k * s_uk + v[None, :], mask=row_ok[:, None] & m[None, :],
-                        other=0.0).to(tl.float32)       # 16-bit U: exact
-            ok = row_ok[:, None] & m[None, :]
-            if MASKED:
-                words = tl.load(mask_ptr + rows[:, None] * s_mr + (v // 32)[None, :], mask=ok, other=0)
-                ok = ok & (((words >> (v % 32)[None, :]) & 1) != 0)
-            lg = tl.where(ok, u + mk, float("-inf"))
-            t_best = tl.max(lg, 1)
-            t_arg = tl.argmax(lg, 1).to(tl.int64) + off
-            better = t_best > best                       # strictly: an equal value later in the row loses
-            arg = tl.where(better, t_arg, arg)
-            best = tl.where(better, t_best, best)
-        tl.store(val_ptr + (rows * n + k) * SPLITS + split, best, mask=row_ok)
-        tl.store(idx_ptr + (rows * n + k) * SPLITS + split, arg, mask=row_ok)
-
-MARKOV_CHUNK = 128        # the fewest token ids a program scores (one tile of `W₂` rows at the drafter's rank)
-MARKOV_PROGRAMS = 1024    # chunks double while a launch would have more programs than this
-ROUND_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-def markov_chunk(R: int, V: int) -> int:
-    """Token ids per program for `R` rows over a vocabulary of `V`: as few as possible, since each launch takes as
-    long as its programs' serial tile loop, but not so few that the programs outnumber the GPU several times over
-    (H200, embedded model: 20.6 µs for the six launches at chunk 128 and one request, 47.1 at 512; at 64
-    requests 39.9 µs at 256, 45.1 at 128)."""
-    c = MARKOV_CHUNK
-    while R * triton.cdiv(V, c) > MARKOV_PROGRAMS and c < 8192: c *= 2
-    return c
-
-MARKOV_TILE_ROWS = 2      # rows from which a program scores a 16-row block on tensor cores, reading each W₂ tile once
-MARKOV_TILE_PROGRAMS = 256   # a tiled launch's chunks double while it would have more programs than this
-
-class MarkovTiles(NamedTuple):
-    "One launch layout of `_markov_step_kernel`: rows a program, token ids a tile and a program, splits, grid."
-    block_m: int
-    block_v: int
-    chunk: int
-    splits: int
-    grid: tuple[int, int]
-
-def markov_tiles(R: int, V: int, rank: int, chunk: int | None = None) -> MarkovTiles:
-    """The layout for `R` rows over a vocabulary of `V` at the head's `rank`. From `MARKOV_TILE_ROWS` rows a program
-    takes 16 of them, so a tile of `W₂` is read once for all, not once a row (a rank under 16 is too narrow for a
-    tensor-core product and stays one row a program); one row a program otherwise, at `markov_chunk`'s chunk.
-    Tiled programs read every split's result of their rows for the previous position, so they take larger
-    chunks. `chunk`: token ids a program, instead of the default."""
-    block_r = triton.next_power_of_2(rank)
-    if R >= MARKOV_TILE_ROWS and block_r >= 16:
-        bm, bv, blocks = 16, max(16, min(64, 16384 // block_r)), triton.cdiv(R, 16)
-        c = MARKOV_CHUNK
-        while chunk is None and blocks * triton.cdiv(V, c) > MARKOV_TILE_PROGRAMS and c < 8192: c *= 2
-    else:
-        bm, bv, c = 1, max(16, min(128, 8192 // block_r)), markov_chunk(R, V)
-    c = chunk or c
-    S = triton.cdiv(V, c)
-    return MarkovTiles(bm, bv, c, S, (triton.cdiv(R, bm), S))
-
-def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                         conf_w: torch.Tensor | None, n: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy Markov drafts for `R` blocks in `n + 1` launches: `U [R, γ, V]` base logits (fp32, or the head's 16-bit
-    dtype, widened exactly as each logit is read), `h [R, γ, D]` the
-    block's hidden states, `anchors [R]`, `w1 [V, r]` / `w2 [V, r]` the Markov head, `conf_w [D + r]` the
-    confidence head (or None). Returns drafts `[R, n]` int64 and confidence logits `[R, n]` fp32 (or None).
-    `chunk`: token ids per program (default `markov_chunk`)."""
-    R, _, V = U.shape
-    RANK, D = w1.shape[1], h.shape[-1]
-    if U.stride(-1) != 1: U = U.contiguous()
-    if h.stride(-1) != 1: h = h.contiguous()
-    if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
-    w1, w2 = w1.contiguous(), w2.contiguous()
-    t = markov_tiles(R, V, RANK, chunk)
-    S = t.splits
-    dev = U.device
-    vals = torch.empty(R, n, S, dtype=torch.float32, device=dev)
-    idx = torch.empty(R, n, S, dtype=torch.int64, device=dev)
-    drafts = torch.empty(R, n, dtype=torch.long, device=dev)
-    conf = torch.empty(R, n, dtype=torch.float32, device=dev) if conf_w is not None else None
-    if R == 0 or n == 0: return drafts, conf
-    for k in range(n + 1):
-        launch(_markov_step_kernel, t.grid, U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
-               w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-               idx, 0, k, n, R, V, D, RANK, t.chunk, S, BLOCK_V=t.block_v, BLOCK_M=t.block_m,
-               BLOCK_R=triton.next_power_of_2(RANK),
-               BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
-               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype], MASKED=False, WIDEN=not U.is_cuda)
-    return drafts, conf
-
-class MaskedSteps:
-    """The buffers of the masked greedy Markov loop (`markov_masked_greedy_triton`) over `U [R, γ, V]` and
-    `h [R, γ, D]`: each position's packed masks `[R, W]` and previous drafts `[R]` in, each split's best score and
-    token `[R, n, S]` out. `mapped` (a GPU): the four live in pinned host memory, which the kernel reads and writes in
-    place, so a position is one launch and no copy; `capture`: that launch is a CUDA graph a position, replayed in a
-    few microseconds where a Triton launch of this many arguments takes tens from Python (`U`, `h` and `anchors`
-    must then keep their storage: a captured draft step's outputs). Otherwise (the CPU, Triton's interpreter) they
-    are device tensors the host copies to and from."""
-    def __init__(self, U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                 n: int, mapped: bool = False, capture: bool = False):
-        if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
-        self.U, self.h, self.anchors = (t.contiguous() for t in (U, h, anchors))
-        self.w1, self.w2, self.n, self.mapped = w1.contiguous(), w2.contiguous(), n, mapped
-        R, _, V = U.shape
-        self.tiles = markov_tiles(R, V, self.w1.shape[1])
-        self.S, W = self.tiles.splits, triton.cdiv(V, 32)
-        at = dict(pin_memory=True) if mapped else dict(device=U.device)
-        self.words = torch.zeros(R, W, dtype=torch.int32, **at)
-        self.prev = torch.zeros(R, dtype=torch.int64, **at)
-        self.vals = torch.empty(R, max(n, 1), self.S, dtype=torch.float32, **at)
-        self.idx = torch.zeros(R, max(n, 1), self.S, dtype=torch.int64, **at)
-        self.graphs = {k: g for k, (g, _) in capture_graphs(self.launch, range(n)).items()} if capture else {}
-        self.np = {k: getattr(self, k).numpy() for k in ("words", "prev", "vals", "idx")} if mapped else None   # once:
-                                                                    # a view a call cost microseconds a position
-
-    def launch(self, k: int) -> None:
-        "Position `k`'s launch on the buffers (its previous drafts: the anchors at `k = 0`, else `prev`)."
-        U, h, w2 = self.U, self.h, self.w2
-        R, _, V = U.shape
-        RANK, D = self.w1.shape[1], h.shape[-1]
-        t = self.tiles
-        launch(_markov_step_kernel, t.grid, U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1),
-               self.anchors if k == 0 else self.prev, self.w1, w2, self.w1, self.vals, self.idx, self.idx, self.vals,
-               self.words, self.words.stride(0), k, self.n, R, V, D, RANK, t.chunk, self.S, BLOCK_V=t.block_v,
-               BLOCK_M=t.block_m, BLOCK_R=triton.next_power_of_2(RANK), BLOCK_S=triton.next_power_of_2(self.S),
-               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True,
-               WIDEN=not U.is_cuda)
-
-    def step(self, k: int, words, last: list[int] | None) -> list[int]:
-        """Position `k` for the first `len(words)` rows (the rest are padding, which allow nothing): their masks
-        (`[r, W]` int32, host array or tensor), the drafts `last` of position `k − 1` (None at `k = 0`). Returns their
-        drafts: each row's best split, the first of equal ones."""
-        r, words = len(words), words[:, :self.words.shape[1]]   # the grammar's words may cover a larger tokenizer
-        if self.np is not None and isinstance(words, np.ndarray):
-            h = self.np
-            h["words"][:r], h["words"][r:] = words, 0
-            if last is not None: h["prev"][:r], h["prev"][r:] = last, 0
-        else:
-            self.words[:r].copy_(torch.from_numpy(np.ascontiguousarray(words)) if isinstance(words, np.ndarray) else words)
-            self.words[r:] = 0
-            if last is not None:
-                self.prev[:r].copy_(torch.tensor(last, dtype=torch.int64))
-                self.prev[r:] = 0
-        g = self.graphs.get(k)
-        if g is not None: g.replay()
-        else: self.launch(k)
-        if self.U.is_cuda: torch.cuda.current_stream(self.U.device).synchronize()   # the one wait of the position
-        if self.np is not None: vals, idx = self.np["vals"][:r, k], self.np["idx"][:r, k]
-        else: vals, idx = self.vals[:r, k].cpu().numpy(), self.idx[:r, k].cpu().numpy()
-        return idx[np.arange(r), vals.argmax(1)].tolist()
-
-def markov_masked_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor,
-                                w2: torch.Tensor, n: int, allowed, forced=None, steps: MaskedSteps | None = None) -> torch.Tensor:
-    """`markov_greedy_triton` from a masked view (structured outputs, chapter 02b): `allowed(k, last)` gives the
-    packed masks of position `k` (`[R, W]` int32 words, a host array or a tensor) once it has the drafts `last` of
-    position `k − 1` (a host list; None at `k = 0`), or None to stop; `forced()`, when given, then names the token
-    every row must take there (one-token masks) or None. One launch (`steps`: one graph replay) and one wait a
-    position that is not forced: the launch scores the masked vocabulary in splits from the previous drafts the host
-    hands it, the host picks each row's best split (the first of equal ones) and gives the grammar its draft; a
-    forced position costs the device nothing. `steps`: the loop's buffers and graphs for `h` and `anchors` (their
-    first `R` rows here; the rest padding), into whose `U` this `U` is copied; else made for this call. Drafts
-    `[R, m]` for the `m ≤ n` positions run, on the host (the grammar has them there already)."""
-    R = U.shape[0]
-    if steps is None: steps = MaskedSteps(U, h, anchors, w1, w2, n)
-    elif steps.U.data_ptr() != U.data_ptr(): steps.U[:R].copy_(U)    # the round's logits into the captured buffer
-    last, out = None, []
-    for k in range(n):
-        words = allowed(k, last)
-        if words is None: break
-        if forced is not None and (f := forced()) is not None:
-            last = f; out.append(f); continue
-        last = steps.step(k, words[:R], last)
-        out.append(last)
-    m = len(out)
-    return torch.tensor(out, dtype=torch.long).reshape(m, R).T.contiguous()   # on the host, where the grammar is
-
-def masked_steps_check(R: int, K: int, V: int, D: int, w1: torch.Tensor, w2: torch.Tensor) -> str | None:
-    """Whether `MaskedSteps` mapped into host memory and captured as graphs draft what plain ones draft on this device
-    (random logits, hidden states and masks, `R` rows, `K` positions, the drafter's Markov head `w1`/`w2`); else why not
-    (a compile, launch, capture or mapping error, or other drafts)."""
-    try:
-        gen, dev = torch.Generator().manual_seed(0), w2.device
-        U = torch.randn(R, K, V, generator=gen).to(dev, w2.dtype)
-        h, anchors = torch.randn(R, K, D, generator=gen).to(dev, w2.dtype), torch.randint(0, V, (R,), generator=gen).to(dev)
-        words = [torch.randint(-2 ** 31, 2 ** 31 - 1, (R, triton.cdiv(V, 32)), generator=gen, dtype=torch.int32).numpy()
-                 for _ in range(K)]
-        drafts = lambda steps: markov_masked_greedy_triton(U, h, anchors, w1, w2, K, lambda k, last: words[k], None, steps)
-        want, got = drafts(None), drafts(MaskedSteps(U, h, anchors, w1, w2, K, mapped=True, capture=True))
-        if torch.equal(got, want): return None
-        return f"mapped, captured masked steps draft {got.tolist()}, plain ones {want.tolist()}"
-    except Exception as e:
-        return f"{type(e).__name__}: {str(e)[:300]}"
-
-markov_greedy_ref = markov_greedy      # the reference: the drafter's own torch loop (chapter 09)
+__all__ = ['draft_block_attention_ref', 'draft_block_attention', 'draft_kernels_check']
 
 # %% ../../nbs/17_kernels_draft.ipynb #1e2f1e23
 @triton.jit

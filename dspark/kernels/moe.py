@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from .attention import gdc_entry
 
-from .draft import ROUND_CODE, round_fp32   # the reference's roundings, as chapter 17 applies them
+from .markov import ROUND_CODE, round_fp32   # the reference's roundings, as chapter 17a applies them
 from ..model.layers import StackedExperts, dense_experts
 from ..timing import capture_graphs, device_ms
 
