@@ -193,7 +193,7 @@ def test_in_place_and_fused_final(hc, D, dtype, block_d):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile the kernels for real")
 def test_post_head_kernels_compile_for_hopper():
-    """The final post/head's kernels (split and one program a token) compiled for sm_90 with the signatures a GPU's
+    """The final post/head's kernels (split and one program a token) and the split collapse compiled for sm_90 with the signatures a GPU's
     JIT would see at V4-Flash width in bf16: the interpreter never compiles them."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from kernel_compile import compile_all, record
@@ -203,9 +203,13 @@ def test_post_head_kernels_compile_for_hopper():
     x, out = torch.randn(1, hc, D, generator=g).bfloat16(), torch.randn(1, D, generator=g).bfloat16()
     post, comb = torch.rand(1, hc, generator=g), torch.softmax(torch.randn(1, hc, hc, generator=g), -1)
     fn, base, scale = torch.randn(hc, hc * D, generator=g) / 128, torch.randn(hc, generator=g), torch.ones(1)
+    rows = (2 + hc) * hc
+    fn_pre, base_pre = torch.randn(rows, hc * D, generator=g) / 128, torch.randn(rows, generator=g)
     sigs = []
     with record(sigs):
         for split in (True, False): hc_post_head_fused(out, x, post, comb, fn, base, scale, cfg, tap=True, split=split)
-    assert {s[1] for s in sigs} == {"_hc_post_mix_kernel", "_hc_post_apply_kernel", "_hc_post_head_kernel"}, sigs
+        hc_pre_fused(x, fn_pre, base_pre, torch.ones(3), cfg)          # split mixes, the collapse over column slices
+    assert {s[1] for s in sigs} == {"_hc_post_mix_kernel", "_hc_post_apply_kernel", "_hc_post_head_kernel",
+                                    "_hc_mix_kernel", "_hc_collapse_kernel"}, sigs
     failed = compile_all(sigs)
     assert not failed, "\n".join(failed)

@@ -25,8 +25,8 @@ from ..model.layers import is_batch_invariant
 from ..model.mhc import register_post
 
 # %% auto #0
-__all__ = ['SPLIT_MIX_ROWS', 'SPLIT_POST_HEAD_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused', 'hc_post_fused',
-           'hc_post_fused_into', 'hc_post_head_fused', 'hc_variants_check']
+__all__ = ['SPLIT_MIX_ROWS', 'COLLAPSE_SLICE', 'SPLIT_POST_HEAD_ROWS', 'aten_launches', 'launch', 'hc_pre_fused', 'hc_head_fused',
+           'hc_post_fused', 'hc_post_fused_into', 'hc_post_head_fused', 'hc_variants_check']
 
 # %% ../../nbs/14_kernels_hc.ipynb #2fc52296
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "_unsafe_view"}
@@ -97,7 +97,7 @@ def _mix_tile(row_ptr, ij, live, S, stride, S_P: tl.constexpr):
 
 @triton.jit
 def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr,
-                        D, M, S, stride, iters, norm_eps, hc_eps,
+                        D, M, S, stride, iters, norm_eps, hc_eps, SLICE,
                         HC: tl.constexpr, HC_P: tl.constexpr, BLOCK_D: tl.constexpr, MIXES: tl.constexpr,
                         SPLIT: tl.constexpr, S_P: tl.constexpr, GDC: tl.constexpr = False):
     gdc_entry(GDC)
@@ -122,7 +122,8 @@ def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, co
     if MIXES:
         post = _mix_at(mt, HC + i, row, S, stride, S_P) * rs * tl.load(scale_ptr + 1).to(tl.float32) \
             + tl.load(base_ptr + HC + i, mask=row, other=0.0).to(tl.float32)
-        tl.store(post_ptr + t * HC + i, 2 * tl.sigmoid(post), mask=row)
+        if tl.program_id(1) == 0:                                    # the first column slice stores post, comb
+            tl.store(post_ptr + t * HC + i, 2 * tl.sigmoid(post), mask=row)
         ij = i[:, None] * HC + i[None, :]                            # 3. Sinkhorn on the hc x hc tile
         live = row[:, None] & row[None, :]
         logit = _mix_tile(mt, 2 * HC + ij, live, S, stride, S_P) * rs * tl.load(scale_ptr + 2).to(tl.float32) \
@@ -134,8 +135,10 @@ def _hc_collapse_kernel(x_ptr, mix_ptr, base_ptr, scale_ptr, y_ptr, post_ptr, co
         for _ in range(iters - 1):
             c = c / (tl.sum(c, 1)[:, None] + hc_eps)
             c = c / (tl.sum(c, 0)[None, :] + hc_eps)
-        tl.store(comb_ptr + t * HC * HC + ij, c, mask=live)
-    for d0 in range(0, D, BLOCK_D):                                  # 4. y = sum_i pre_i x_i
+        if tl.program_id(1) == 0:
+            tl.store(comb_ptr + t * HC * HC + ij, c, mask=live)
+    lo = tl.program_id(1) * SLICE                                    # 4. y = sum_i pre_i x_i over this program's
+    for d0 in range(lo, tl.minimum(lo + SLICE, D), BLOCK_D):         # columns (all of them unless SPLIT)
         v = tl.load(xt + i[:, None] * D + d0 + d[None, :], mask=row[:, None] & (d0 + d < D)[None, :], other=0.0)
         y = tl.sum(pre[:, None] * v.to(tl.float32), 0)
         tl.store(y_ptr + t * D + d0 + d, y.to(y_ptr.dtype.element_ty), mask=d0 + d < D)
@@ -162,12 +165,15 @@ def _check(name: str, x: torch.Tensor, hc: int, **params: tuple[torch.Tensor, tu
         if t.device != x.device: raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
 
 SPLIT_MIX_ROWS = 64     # up to this many tokens, the mixes come from the split kernel; above it, from one GEMM
+COLLAPSE_SLICE = 512    # with split mixes, columns a collapse program writes (one program a token was latency-bound)
 
 def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, block_d: int | None, num_warps: int,
               split: bool | None = None, block_k: int = 256):
     """The mixes, then one launch: `(y, post, comb)` (post and comb only with `mixes`). The mixes come from the
     split kernel (one program per token and `block_k`-slice; `split=None` picks it up to `SPLIT_MIX_ROWS` tokens) or
-    from one fp32 GEMM of the streams cast to fp32 (three launches at a decode's few rows, one at a prefill's)."""
+    from one fp32 GEMM of the streams cast to fp32 (three launches at a decode's few rows, one at a prefill's). After
+    split mixes the collapse also spreads each token's columns over programs of `COLLAPSE_SLICE` columns; every one
+    makes the same weights from the same partials, and the first stores post and comb."""
     _fast_path_only(name)
     hc, D = cfg.hc_mult, x.shape[-1]
     rows = (2 + hc) * hc if mixes else hc
@@ -187,8 +193,10 @@ def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, bloc
         stride = rows + 1
     else:
         mix, S, stride = F.linear(xs.view(N, hc * D).float(), fn.float()), 1, rows   # [N, rows] fp32
-    launch(_hc_collapse_kernel, (N,), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
-           D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+    sl = min(bd, COLLAPSE_SLICE) if split else D                   # split: each token's columns over programs,
+    bd = min(bd, sl)                                                 # each summing the mixes' partials itself
+    launch(_hc_collapse_kernel, (N, triton.cdiv(D, sl)), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
+           D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps, sl,
            HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split,
            S_P=triton.next_power_of_2(S), num_warps=num_warps)
     return y.view(*lead, D), post.view(*lead, hc), comb.view(*lead, hc, hc)
