@@ -213,3 +213,19 @@ def test_post_head_kernels_compile_for_hopper():
                                     "_hc_mix_kernel", "_hc_collapse_kernel"}, sigs
     failed = compile_all(sigs)
     assert not failed, "\n".join(failed)
+
+
+def test_collapse_over_column_slices_is_the_one_program_collapse(monkeypatch):
+    "After split mixes, a token's columns spread over programs give the bits of one program a token (post and comb too)."
+    import dspark.kernels.hc as khc
+    g = torch.Generator().manual_seed(9)
+    hc, D = 4, 96
+    cfg = dataclasses.replace(CFG, hc_mult=hc)
+    rows = (2 + hc) * hc
+    fn, base = (torch.randn(rows, hc * D, generator=g) / (hc * D) ** 0.5).to(DEV), (0.5 * torch.randn(rows, generator=g)).to(DEV)
+    x, scale = torch.randn(3, hc, D, generator=g).to(DEV, torch.bfloat16), torch.tensor([0.7, 1.3, 1.0], device=DEV)
+    monkeypatch.setattr(khc, "COLLAPSE_SLICE", 1 << 30)
+    whole = hc_pre_fused(x, fn, base, scale, cfg, split=True)
+    monkeypatch.setattr(khc, "COLLAPSE_SLICE", 32)                    # three slices of 32 columns
+    sliced = hc_pre_fused(x, fn, base, scale, cfg, split=True)
+    assert all(torch.equal(a, b) for a, b in zip(whole, sliced))

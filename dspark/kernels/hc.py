@@ -193,8 +193,8 @@ def _collapse(name: str, x, fn, base, scale, cfg: ModelConfig, mixes: bool, bloc
         stride = rows + 1
     else:
         mix, S, stride = F.linear(xs.view(N, hc * D).float(), fn.float()), 1, rows   # [N, rows] fp32
-    sl = min(bd, COLLAPSE_SLICE) if split else D                   # split: each token's columns over programs,
-    bd = min(bd, sl)                                                 # each summing the mixes' partials itself
+    sl = min(D, COLLAPSE_SLICE) if split else D                    # split: each token's columns over programs,
+    bd = min(bd, triton.next_power_of_2(sl))                         # each summing the mixes' partials itself
     launch(_hc_collapse_kernel, (N, triton.cdiv(D, sl)), xs, mix, base.contiguous(), scale.contiguous(), y, post, comb,
            D, rows, S, stride, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps, sl,
            HC=hc, HC_P=triton.next_power_of_2(hc), BLOCK_D=bd, MIXES=mixes, SPLIT=split,
