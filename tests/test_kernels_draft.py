@@ -26,6 +26,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
     (2, 5, 1500, 16, 8, 5, torch.bfloat16),      # the linear rounded to bf16 before the add
     (3, 5, 1500, 16, 32, 5, torch.bfloat16),     # a 16-row block a program: each W₂ tile read once for the rows
     (20, 3, 700, 8, 16, 3, torch.float32),       # two row blocks, the second one mostly padding
+    (3, 5, 120, 24, 16, 5, torch.float32),       # a row block, one split
     (2, 4, 1100, 16, 64, 2, torch.float16),
 ])
 def test_markov_kernel_equals_the_loop(R, G, V, D, rank, n, dtype):
