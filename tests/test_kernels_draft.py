@@ -180,7 +180,8 @@ def test_kernels_compile_for_hopper():
         w = torch.randn(100, 8)
         markov_greedy_triton(torch.randn(2, 5, 100), torch.randn(2, 5, 16), torch.tensor([1, 2]), w, w, None, 5)
     names = {s[1] for s in sigs}
-    assert names == {"_markov_step_kernel", "_block_attn_kernel", "_handover_kernel", "_window_kernel", "_advance_kernel"}, names
+    assert names == {"_markov_step_kernel", "_markov_block_kernel", "_block_attn_kernel", "_handover_kernel",
+                     "_window_kernel", "_advance_kernel"}, names
     assert any(s[3].get("k") == 1 for s in sigs) and any(s[3].get("SPLITS") == 1 for s in sigs)
     bad = [s[0], s[1], dict(s[2]), {**s[3], "BLOCK_V": 48}, s[4]] if (s := sigs[-1]) else None
     failed = compile_all(sigs + [bad])

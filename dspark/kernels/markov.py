@@ -42,18 +42,72 @@ def round_fp32(x, TO: tl.constexpr):
 
 @triton.jit(do_not_specialize=["k", "n"])   # one binary for every position and depth: no compile in mid-stream
 def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
-                        drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, R, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                        HAS_CONF: tl.constexpr, ROUND: tl.constexpr, MASKED: tl.constexpr, WIDEN: tl.constexpr = False,
-                        GDC: tl.constexpr = False):
-    """Program (row block, split) of Markov step `k` for rows `BLOCK_M·b …` (of `R`): each row's previous token (the
-    anchor, or step `k − 1`'s argmax from its splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]`
-    over the split's vocabulary chunk and where it is (ties to the lowest index, as `torch.argmax`). Each `W₂` tile
-    is read once for the block's rows: `BLOCK_M ≥ 16` multiplies on tensor cores, `BLOCK_M = 1` on vector units.
-    Split 0 also writes draft `k − 1` and, with `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch
-    `k = n` only writes the last draft. `MASKED`: only tokens whose bit is set in the row's packed mask (`mask_ptr`,
-    int32 words, bit `v % 32` of word `v // 32`) compete, and the previous token always comes from `anchor_ptr` (the
-    host knows it: it gave the grammar). `WIDEN` (Triton's interpreter, whose bf16 `dot` is wrong): 16-bit tiles
+                        drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONF: tl.constexpr,
+                        ROUND: tl.constexpr, MASKED: tl.constexpr, GDC: tl.constexpr = False):
+    """Program (row, split) of Markov step `k`: the previous token (the anchor, or step `k − 1`'s argmax from its
+    splits' partial results), then the best `U[row, k, v] + W₂[v]·W₁[prev]` over the split's vocabulary chunk and
+    where it is (ties to the lowest index, as `torch.argmax`). Split 0 also writes draft `k − 1` and, with
+    `HAS_CONF`, the confidence logit `cw·[h_k ; W₁[prev]]`. Launch `k = n` only writes the last draft. `MASKED`:
+    only tokens whose bit is set in the row's packed mask (`mask_ptr`, int32 words, bit `v % 32` of word `v // 32`)
+    compete, and the previous token always comes from `anchor_ptr` (the host knows it: it gave the grammar)."""
+    gdc_entry(GDC)
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    if MASKED:
+        prev = tl.load(anchor_ptr + row).to(tl.int64)
+    elif k == 0:
+        prev = tl.load(anchor_ptr + row).to(tl.int64)
+    else:
+        s = tl.arange(0, BLOCK_S)        # names of their own: with k == 1 a constant, this branch is inlined and a
+        base = (row * n + k - 1) * SPLITS   # `v` here would become the vocabulary loop's carried variable
+        s_val = tl.load(val_ptr + base + s, mask=s < SPLITS, other=float("-inf"))
+        s_idx = tl.load(idx_ptr + base + s, mask=s < SPLITS, other=0)
+        prev = tl.sum(tl.where(s == tl.argmax(s_val, 0), s_idx, 0), 0).to(tl.int64)   # splits in vocabulary order
+        if split == 0: tl.store(drafts_ptr + row * n + k - 1, prev)
+    if k < n:
+        r = tl.arange(0, BLOCK_R)
+        e = tl.load(w1_ptr + prev * RANK + r, mask=r < RANK, other=0.0)
+        if HAS_CONF:
+            if split == 0:
+                acc = tl.sum(e.to(tl.float32) * tl.load(cw_ptr + D + r, mask=r < RANK, other=0.0).to(tl.float32), 0)
+                for off in range(0, D, BLOCK_D):
+                    dd = off + tl.arange(0, BLOCK_D)
+                    hv = tl.load(h_ptr + row * s_hr + k * s_hk + dd, mask=dd < D, other=0.0).to(tl.float32)
+                    acc += tl.sum(hv * tl.load(cw_ptr + dd, mask=dd < D, other=0.0).to(tl.float32), 0)
+                tl.store(conf_ptr + row * n + k, acc)
+        e = e.to(tl.float32)
+        start = split * CHUNK
+        end = tl.minimum(start + CHUNK, V)
+        best = tl.full([], float("-inf"), tl.float32)
+        arg = start.to(tl.int64)
+        for off in range(start, end, BLOCK_V):
+            v = off + tl.arange(0, BLOCK_V)
+            m = v < end
+            w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
+            mk = round_fp32(tl.sum(w.to(tl.float32) * e[None, :], 1), ROUND)   # the r→V linear, in its dtype
+            u = tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0).to(tl.float32)   # 16-bit U: exact
+            if MASKED:
+                m = m & (((tl.load(mask_ptr + row * s_mr + v // 32, mask=m, other=0) >> (v % 32)) & 1) != 0)
+            lg = tl.where(m, u + mk, float("-inf"))
+            t_best = tl.max(lg, 0)
+            t_arg = tl.argmax(lg, 0).to(tl.int64) + off
+            better = t_best > best                       # strictly: an equal value later in the row loses
+            arg = tl.where(better, t_arg, arg)
+            best = tl.where(better, t_best, best)
+        tl.store(val_ptr + (row * n + k) * SPLITS + split, best)
+        tl.store(idx_ptr + (row * n + k) * SPLITS + split, arg)
+
+@triton.jit(do_not_specialize=["k", "n"])   # one binary for every position and depth: no compile in mid-stream
+def _markov_block_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
+                         drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, R, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                         HAS_CONF: tl.constexpr, ROUND: tl.constexpr, MASKED: tl.constexpr, WIDEN: tl.constexpr = False,
+                         GDC: tl.constexpr = False):
+    """`_markov_step_kernel` for a block of rows: program (row block, split) of step `k` scores rows `BLOCK_M·b …` (of
+    `R`, `BLOCK_M ≥ 16`) together, each `W₂` tile read once for the block and multiplied by the rows' `W₁[prev]` on
+    tensor cores; the rest (previous tokens from the splits' partials, ties, split 0's drafts and confidence logits,
+    `MASKED`) as that kernel does it, row by row. `WIDEN` (Triton's interpreter, whose bf16 `dot` is wrong): 16-bit tiles
     widened to fp32 before the product, which is exact."""
     gdc_entry(GDC)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -93,9 +147,7 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
             v = off + tl.arange(0, BLOCK_V)
             m = v < end
             w = tl.load(w2_ptr + v[:, None] * RANK + r[None, :], mask=m[:, None] & (r < RANK)[None, :], other=0.0)
-            if BLOCK_M == 1:                             # one row: a dot product a token, on vector units
-                mk = tl.sum(w.to(tl.float32)[None, :, :] * e.to(tl.float32)[:, None, :], 2)
-            elif ROUND == 0 or WIDEN:                    # fp32 weights: full-precision products, not tf32
+            if ROUND == 0 or WIDEN:                    # fp32 weights: full-precision products, not tf32
                 mk = tl.dot(e.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:                                        # 16-bit weights: exact products, an fp32 sum
                 mk = tl.dot(e, tl.trans(w))
@@ -128,11 +180,14 @@ def markov_chunk(R: int, V: int) -> int:
     while R * triton.cdiv(V, c) > MARKOV_PROGRAMS and c < 8192: c *= 2
     return c
 
-MARKOV_TILE_ROWS = 2      # rows from which a program scores a 16-row block on tensor cores, reading each W₂ tile once
-MARKOV_TILE_PROGRAMS = 256   # a tiled launch's chunks double while it would have more programs than this
+MARKOV_TILE_ROWS = 2         # rows from which a program scores a 16-row block on tensor cores, reading each W₂ tile
+                             # once (H100, V4-Flash-0731's head, 5 drafts: 157 µs against 166 one row a program at 2
+                             # requests, 195 against 966 at 16, 265 against 3,594 at 64; `markov_block`)
+MARKOV_TILE_PROGRAMS = 256   # a tiled launch's chunks double while it would have more programs than this (the same
+                             # sweep's best chunk or within 1% of it from 2 to 64 requests)
 
 class MarkovTiles(NamedTuple):
-    "One launch layout of `_markov_step_kernel`: rows a program, token ids a tile and a program, splits, grid."
+    "One launch layout of the Markov step: rows a program (1: `_markov_step_kernel`), token ids a tile and a program, splits, grid."
     block_m: int
     block_v: int
     chunk: int
@@ -156,15 +211,28 @@ def markov_tiles(R: int, V: int, rank: int, chunk: int | None = None) -> MarkovT
     S = triton.cdiv(V, c)
     return MarkovTiles(bm, bv, c, S, (triton.cdiv(R, bm), S))
 
+def _launch_step(t: MarkovTiles, U, h, prev, w1, w2, cw, vals, idx, drafts, conf, words, k: int, n: int,
+                 has_conf: bool, masked: bool) -> None:
+    "Launch step `k` of the loop in layout `t`: the one-row kernel, or the row-block one with its extra arguments."
+    R, _, V = U.shape
+    RANK, D = w1.shape[1], h.shape[-1]
+    args = (U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), prev, w1, w2, cw, vals, idx, drafts, conf,
+            words, words.stride(0), k, n)
+    meta = dict(BLOCK_V=t.block_v, BLOCK_R=triton.next_power_of_2(RANK), BLOCK_S=triton.next_power_of_2(t.splits),
+                BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=has_conf, ROUND=ROUND_CODE[w2.dtype], MASKED=masked)
+    if t.block_m == 1: launch(_markov_step_kernel, t.grid, *args, V, D, RANK, t.chunk, t.splits, **meta)
+    else: launch(_markov_block_kernel, t.grid, *args, R, V, D, RANK, t.chunk, t.splits, BLOCK_M=t.block_m,
+                 WIDEN=not U.is_cuda, **meta)
+
 def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                          conf_w: torch.Tensor | None, n: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy Markov drafts for `R` blocks in `n + 1` launches: `U [R, γ, V]` base logits (fp32, or the head's 16-bit
     dtype, widened exactly as each logit is read), `h [R, γ, D]` the
     block's hidden states, `anchors [R]`, `w1 [V, r]` / `w2 [V, r]` the Markov head, `conf_w [D + r]` the
     confidence head (or None). Returns drafts `[R, n]` int64 and confidence logits `[R, n]` fp32 (or None).
-    `chunk`: token ids per program (default `markov_chunk`)."""
+    `chunk`: token ids per program (default: `markov_tiles`' choice)."""
     R, _, V = U.shape
-    RANK, D = w1.shape[1], h.shape[-1]
+    RANK = w1.shape[1]
     if U.stride(-1) != 1: U = U.contiguous()
     if h.stride(-1) != 1: h = h.contiguous()
     if w2.dtype not in ROUND_CODE: raise ValueError(f"Markov head weights in {w2.dtype}: fp32, bf16 or fp16 expected")
@@ -177,13 +245,10 @@ def markov_greedy_triton(U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor
     drafts = torch.empty(R, n, dtype=torch.long, device=dev)
     conf = torch.empty(R, n, dtype=torch.float32, device=dev) if conf_w is not None else None
     if R == 0 or n == 0: return drafts, conf
+    anchors = anchors.contiguous()
     for k in range(n + 1):
-        launch(_markov_step_kernel, t.grid, U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1), anchors.contiguous(),
-               w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts, conf if conf is not None else vals,
-               idx, 0, k, n, R, V, D, RANK, t.chunk, S, BLOCK_V=t.block_v, BLOCK_M=t.block_m,
-               BLOCK_R=triton.next_power_of_2(RANK),
-               BLOCK_S=triton.next_power_of_2(S), BLOCK_D=min(1024, triton.next_power_of_2(D)),
-               HAS_CONF=conf_w is not None and k < n, ROUND=ROUND_CODE[w2.dtype], MASKED=False, WIDEN=not U.is_cuda)
+        _launch_step(t, U, h, anchors, w1, w2, conf_w if conf_w is not None else w1, vals, idx, drafts,
+                     conf if conf is not None else vals, idx, k, n, conf_w is not None and k < n, False)
     return drafts, conf
 
 class MaskedSteps:
@@ -213,16 +278,8 @@ class MaskedSteps:
 
     def launch(self, k: int) -> None:
         "Position `k`'s launch on the buffers (its previous drafts: the anchors at `k = 0`, else `prev`)."
-        U, h, w2 = self.U, self.h, self.w2
-        R, _, V = U.shape
-        RANK, D = self.w1.shape[1], h.shape[-1]
-        t = self.tiles
-        launch(_markov_step_kernel, t.grid, U, U.stride(0), U.stride(1), h, h.stride(0), h.stride(1),
-               self.anchors if k == 0 else self.prev, self.w1, w2, self.w1, self.vals, self.idx, self.idx, self.vals,
-               self.words, self.words.stride(0), k, self.n, R, V, D, RANK, t.chunk, self.S, BLOCK_V=t.block_v,
-               BLOCK_M=t.block_m, BLOCK_R=triton.next_power_of_2(RANK), BLOCK_S=triton.next_power_of_2(self.S),
-               BLOCK_D=min(1024, triton.next_power_of_2(D)), HAS_CONF=False, ROUND=ROUND_CODE[w2.dtype], MASKED=True,
-               WIDEN=not U.is_cuda)
+        _launch_step(self.tiles, self.U, self.h, self.anchors if k == 0 else self.prev, self.w1, self.w2, self.w1,
+                     self.vals, self.idx, self.idx, self.vals, self.words, k, self.n, False, True)
 
     def step(self, k: int, words, last: list[int] | None) -> list[int]:
         """Position `k` for the first `len(words)` rows (the rest are padding, which allow nothing): their masks
