@@ -214,9 +214,9 @@ class EngineCore:
 
     def _load_target(self, path, device: str, dtype: str) -> Transformer:
         "The target model (a seam: tensor parallelism streams each rank's slice)."
+        if str(device).startswith("cuda"): gc.collect(); torch.cuda.empty_cache()   # a `del llm`'s cycles: memory back
         if self.quantization == "auto":
-            log.info("quantization='auto': weights as stored, activations in the stored embedding's bf16 (--dtype is "
-                     "the dequantised reference's)")
+            log.info("quantization='auto': weights as stored, activations in the embedding's bf16 (--dtype: the reference's)")
         if self.load_format == "auto": return load_target(path, device, dtype, quantization=self.quantization)
         with torch.device("meta"): model = Transformer(load_config(path, self.hf_overrides))
         return self._dummy(model, device, dtype)
