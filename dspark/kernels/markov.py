@@ -40,6 +40,15 @@ def round_fp32(x, TO: tl.constexpr):
         x = x.to(tl.float16).to(tl.float32)
     return x
 
+@triton.jit
+def _running_best(lg, off, best, arg, AXIS: tl.constexpr):
+    """A tile's scores `lg` (token ids from `off` along `AXIS`) folded into the running best and where it is: the
+    lowest id within the tile (`tl.argmax`), and strictly better across tiles, so an equal value later loses."""
+    t_best = tl.max(lg, AXIS)
+    t_arg = tl.argmax(lg, AXIS).to(tl.int64) + off
+    better = t_best > best
+    return tl.where(better, t_best, best), tl.where(better, t_arg, arg)
+
 @triton.jit(do_not_specialize=["k", "n"])   # one binary for every position and depth: no compile in mid-stream
 def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr, w2_ptr, cw_ptr, val_ptr, idx_ptr,
                         drafts_ptr, conf_ptr, mask_ptr, s_mr, k, n, V, D, RANK, CHUNK, SPLITS, BLOCK_V: tl.constexpr,
@@ -89,12 +98,7 @@ def _markov_step_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_ptr
             u = tl.load(u_ptr + row * s_ur + k * s_uk + v, mask=m, other=0.0).to(tl.float32)   # 16-bit U: exact
             if MASKED:
                 m = m & (((tl.load(mask_ptr + row * s_mr + v // 32, mask=m, other=0) >> (v % 32)) & 1) != 0)
-            lg = tl.where(m, u + mk, float("-inf"))
-            t_best = tl.max(lg, 0)
-            t_arg = tl.argmax(lg, 0).to(tl.int64) + off
-            better = t_best > best                       # strictly: an equal value later in the row loses
-            arg = tl.where(better, t_arg, arg)
-            best = tl.where(better, t_best, best)
+            best, arg = _running_best(tl.where(m, u + mk, float("-inf")), off, best, arg, 0)
         tl.store(val_ptr + (row * n + k) * SPLITS + split, best)
         tl.store(idx_ptr + (row * n + k) * SPLITS + split, arg)
 
@@ -158,12 +162,7 @@ def _markov_block_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_pt
             if MASKED:
                 words = tl.load(mask_ptr + rows[:, None] * s_mr + (v // 32)[None, :], mask=ok, other=0)
                 ok = ok & (((words >> (v % 32)[None, :]) & 1) != 0)
-            lg = tl.where(ok, u + mk, float("-inf"))
-            t_best = tl.max(lg, 1)
-            t_arg = tl.argmax(lg, 1).to(tl.int64) + off
-            better = t_best > best                       # strictly: an equal value later in the row loses
-            arg = tl.where(better, t_arg, arg)
-            best = tl.where(better, t_best, best)
+            best, arg = _running_best(tl.where(ok, u + mk, float("-inf")), off, best, arg, 1)
         tl.store(val_ptr + (rows * n + k) * SPLITS + split, best, mask=row_ok)
         tl.store(idx_ptr + (rows * n + k) * SPLITS + split, arg, mask=row_ok)
 
