@@ -111,8 +111,8 @@ def _markov_block_kernel(u_ptr, s_ur, s_uk, h_ptr, s_hr, s_hk, anchor_ptr, w1_pt
     """`_markov_step_kernel` for a block of rows: program (row block, split) of step `k` scores rows `BLOCK_M·b …` (of
     `R`, `BLOCK_M ≥ 16`) together, each `W₂` tile read once for the block and multiplied by the rows' `W₁[prev]` on
     tensor cores; the rest (previous tokens from the splits' partials, ties, split 0's drafts and confidence logits,
-    `MASKED`) as that kernel does it, row by row. `WIDEN` (Triton's interpreter, whose bf16 `dot` is wrong): 16-bit tiles
-    widened to fp32 before the product, which is exact."""
+    `MASKED`) as that kernel does it, row by row. `WIDEN` (Triton's interpreter, whose bf16 `dot` is wrong): 16-bit
+    tiles widened to fp32 before the product, which is exact."""
     gdc_entry(GDC)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(1)
