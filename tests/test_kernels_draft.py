@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 
 import dspark
 from dspark.model.drafter import load_drafter
-from dspark.kernels.draft import (MARKOV_TILE_PROGRAMS, draft_block_attention, draft_block_attention_ref, markov_chunk,
-                                  markov_greedy_ref, markov_greedy_triton, markov_tiles)
+from dspark.kernels.draft import draft_block_attention, draft_block_attention_ref
+from dspark.kernels.markov import MARKOV_TILE_PROGRAMS, markov_chunk, markov_greedy_ref, markov_greedy_triton, markov_tiles
 from dspark.kernels.hc import aten_launches
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,7 +151,7 @@ def test_check_passes_and_catches_a_wrong_kernel(tiny_ckpt, monkeypatch):
     good_markov, good_attn = kd.markov_greedy_triton, kd.draft_block_attention
     monkeypatch.setattr(kd, "markov_greedy_triton", lambda *a: (lambda d, c: ((d + 1) % 512, c))(*good_markov(*a)))
     assert "Markov draft 0" in kd.draft_kernels_check(drafter)
-    assert kd.markov_tiles(3, drafter.cfg.vocab_size, drafter.last.markov_head.markov_w1.weight.shape[1]).block_m == 16
+    assert markov_tiles(3, drafter.cfg.vocab_size, drafter.last.markov_head.markov_w1.weight.shape[1]).block_m == 16
     off_in_blocks = lambda U, *a: (lambda d, c: ((d + (len(d) > 1)) % 512, c))(*good_markov(U, *a))
     monkeypatch.setattr(kd, "markov_greedy_triton", off_in_blocks)    # right for one row, wrong for a row block
     assert "Markov draft 0 of row 0 of 3" in kd.draft_kernels_check(drafter)
@@ -308,7 +308,7 @@ def test_masked_steps_of_a_padded_bucket_draft_as_buffers_of_their_own(views, ra
     drafts equal those of the loop on buffers of its own, and each is the best token its mask allows after the draft
     before it. `views`: the buffers written and read through numpy views made once, as the mapped (pinned) buffers
     are on a GPU; here the CPU tensors' own memory stands in for the mapping."""
-    from dspark.kernels.draft import MaskedSteps, markov_masked_greedy_triton
+    from dspark.kernels.markov import MaskedSteps, markov_masked_greedy_triton
     from dspark.model.drafter import markov_logits
     g = torch.Generator().manual_seed(3)
     B, R, K, V, D = 4, 2, 3, 300, 16

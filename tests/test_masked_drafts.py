@@ -131,7 +131,7 @@ def test_the_masked_markov_kernel_drafts_what_the_eager_loop_drafts(llm):
     """The fast path's masked greedy Markov loop (`markov_masked_greedy_triton`, here on Triton's interpreter: one
     launch a position reading the packed masks) drafts, round by round, exactly the eager masked loop's tokens, all
     of them grammatical, and the outputs are the same."""
-    from dspark.kernels.draft import markov_masked_greedy_triton
+    from dspark.kernels.markov import markov_masked_greedy_triton
     drafter, calls = llm.engine.runner.proposer.drafter, []
     sp = [SamplingParams(temperature=0.0, max_tokens=24, structured_outputs={"json": SCHEMA}) for _ in range(2)]
     def rounds():

@@ -58,7 +58,7 @@ def main(a) -> None:
     from dspark.runtime import overlap, graphs, runner, fused_round
     from dspark.spec import proposers
     from dspark.sample import structured
-    from dspark.kernels import draft
+    from dspark.kernels import markov
     from dspark.engine import core, scheduler
     from dspark.engine.core import frozen_heap
     from v4_flash_decode import SCHEMA, overrides
@@ -93,7 +93,7 @@ def main(a) -> None:
                          (scheduler.Scheduler, ["update", "schedule"]),
                          (structured.Grammars, ["walk", "mask_words", "_matcher"]),
                          (structured.DraftWalk, ["_walk", "close", "forced"]),
-                         (draft.MaskedSteps, ["step"]),
+                         (markov.MaskedSteps, ["step"]),
                          (graphs.GraphRunner, ["__call__"]),
                          (overlap.RoundAhead, ["take", "launch_next", "launch_first"]),
                          (overlap.DecodeAhead, ["step"]),

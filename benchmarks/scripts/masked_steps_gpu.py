@@ -9,7 +9,7 @@ import json, os, sys, time
 from pathlib import Path
 import numpy as np, torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from dspark.kernels.draft import MaskedSteps, markov_masked_greedy_triton, masked_steps_check
+from dspark.kernels.markov import MaskedSteps, markov_masked_greedy_triton, masked_steps_check
 cfg = json.loads((Path(__file__).resolve().parents[2] / "dspark/models/configs/deepseek-v4-flash-0731/config.json").read_text())
 V, D, rank, K = cfg["vocab_size"], cfg["hidden_size"], cfg.get("dspark_markov_rank", 64), cfg.get("dspark_block_size", 5)
 dev, dt = "cuda", torch.bfloat16

@@ -12,6 +12,7 @@ OUT=. [MICRO=1] [NAME=round_anatomy_gpu] python round_anatomy_gpu.py"""
 import json, os, statistics, time, torch, dspark
 import dspark.runtime.fused_round as FR
 import dspark.kernels.draft as kd
+import dspark.kernels.markov as km
 from torch.profiler import profile, ProfilerActivity
 from dspark.tools.bench import _default_model_prompts, decode_run, machine
 from dspark.tools.capacity_sweep import sweep_prompts
@@ -142,16 +143,14 @@ for R in ((1, 16, 64) if os.environ.get("MICRO") else ()):
     mh = d.last.markov_head
     U, h, anchors = rnd(R, G, V) * 4, rnd(R, G, cfg.hidden_size).to(dt), torch.randint(0, V, (R,), device=dev)
     w1, w2, cw = mh.markov_w1.weight, mh.markov_w2.weight, d.last.confidence_head.proj.weight[0]
-    ref_d, _ = kd.markov_greedy_ref(U, h, anchors, w1, w2, cw, G)
+    ref_d, _ = km.markov_greedy_ref(U, h, anchors, w1, w2, cw, G)
     res["markov"][R] = {}
     for chunk in (512, 256, 128):
-        kd.MARKOV_CHUNK = chunk
-        dr, _ = kd.markov_greedy_triton(U, h, anchors, w1, w2, cw, G)
+        dr, _ = km.markov_greedy_triton(U, h, anchors, w1, w2, cw, G, chunk=chunk)
         row = {"same_drafts": bool(torch.equal(dr, ref_d)),
-               **per_kernel_us(lambda: kd.markov_greedy_triton(U, h, anchors, w1, w2, cw, G), n=10)}
+               **per_kernel_us(lambda: km.markov_greedy_triton(U, h, anchors, w1, w2, cw, G, chunk=chunk), n=10)}
         res["markov"][R][chunk] = row
         print("markov", R, chunk, json.dumps(row), flush=True)
-    kd.MARKOV_CHUNK = 512
 json.dump(res, open(f"{OUT}/{NAME}.json", "w"), indent=1)
 del llm; torch.cuda.empty_cache()
 

@@ -19,10 +19,7 @@ from .attention import gdc_entry
 
 from .round import round_kernels_check
 from ..model.drafter import block_attention, markov_logits
-from .markov import (MARKOV_CHUNK, MARKOV_PROGRAMS, MARKOV_TILE_PROGRAMS, MARKOV_TILE_ROWS,  # noqa: F401
-                                   ROUND_CODE, MarkovTiles, MaskedSteps, markov_chunk, markov_greedy_ref,
-                                   markov_greedy_triton, markov_masked_greedy_triton, markov_tiles,
-                                   masked_steps_check, round_fp32)   # chapter 17a: the Markov loop
+from .markov import markov_greedy_ref, markov_greedy_triton, markov_masked_greedy_triton   # chapter 17a
 
 # %% auto #0
 __all__ = ['draft_block_attention_ref', 'draft_block_attention', 'draft_kernels_check']

@@ -107,7 +107,7 @@ class DSparkDrafter(nn.Module):
         self.mhc = (hc_pre, hc_post, hc_head)        # the GPU fast path swaps in fused kernels (graphs chapter)
         self.rope_kernel = None                      # ... the fused q/kv norm + RoPE kernel (`kernels_fused.qkv_rope_insert_`)
         self.attn_kernel = None                      # ... the one-launch block attention (`kernels_draft.draft_block_attention`)
-        self.markov_kernel = None                    # ... and the greedy Markov loop in γ + 1 launches (`kernels_draft`)
+        self.markov_kernel = None                    # ... and the greedy Markov loop in γ + 1 launches (`kernels_markov`)
         self.masked_kernel = None                    # ... and its masked loop, one launch a position
         self.skip_forced = True                      # masked drafting: a position the grammar forces runs nothing
         self.window_kernel = None                    # ... the context window's mask in one (`kernels_draft.window_triton`)
@@ -314,7 +314,7 @@ class DSparkDrafter(nn.Module):
         greedy rows take (one launch a position). `forced()`, asked after `allowed`: the token every row must take
         at that position (each mask allows one token), or None; such a position runs nothing on the device, since
         the masked distribution is one-hot on that token whatever the logits (`skip_forced` off: computed anyway).
-        `steps`: the masked kernel's buffers and graphs for this batch (`kernels.draft.MaskedSteps`), else the kernel
+        `steps`: the masked kernel's buffers and graphs for this batch (`kernels.markov.MaskedSteps`), else the kernel
         makes its own; its drafts stay on the host. `conf=False`: no confidence logits (None), for a proposer nobody
         reads them from (no capacity control): eight launches and a copy fewer a round. `U`: the base logits, when
         the caller made them (`base_logits(h)`; fp32 or the head's dtype, as the path taken reads them)."""

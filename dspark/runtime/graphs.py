@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from ..kernels.draft import (MaskedSteps, draft_block_attention, draft_kernels_check, markov_greedy_triton,
-                             markov_masked_greedy_triton, masked_steps_check)
+from ..kernels.draft import draft_block_attention, draft_kernels_check
+from ..kernels.markov import MaskedSteps, markov_greedy_triton, markov_masked_greedy_triton, masked_steps_check
 from ..kernels.moe import small_moe_check, small_moe_pairs, small_moe_triton
 from ..kernels.fp8 import fp8_grouped_linear, fp8_linear, fp8_linear_check
 from ..kernels.fp4_grouped import fp4_moe_check, fp4_moe_layer
