@@ -170,13 +170,13 @@ MARKOV_CHUNK = 128        # the fewest token ids a program scores (one tile of `
 MARKOV_PROGRAMS = 1024    # chunks double while a launch would have more programs than this
 ROUND_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
-def markov_chunk(R: int, V: int) -> int:
-    """Token ids per program for `R` rows over a vocabulary of `V`: as few as possible, since each launch takes as
-    long as its programs' serial tile loop, but not so few that the programs outnumber the GPU several times over
-    (H200, embedded model: 20.6 µs for the six launches at chunk 128 and one request, 47.1 at 512; at 64
+def markov_chunk(R: int, V: int, programs: int = MARKOV_PROGRAMS) -> int:
+    """Token ids per program for `R` rows (or row blocks) over a vocabulary of `V`: as few as possible, since each
+    launch takes as long as its programs' serial tile loop, but not so few that a launch has more than `programs`
+    programs (H200, embedded model: 20.6 µs for the six launches at chunk 128 and one request, 47.1 at 512; at 64
     requests 39.9 µs at 256, 45.1 at 128)."""
     c = MARKOV_CHUNK
-    while R * triton.cdiv(V, c) > MARKOV_PROGRAMS and c < 8192: c *= 2
+    while R * triton.cdiv(V, c) > programs and c < 8192: c *= 2
     return c
 
 MARKOV_TILE_ROWS = 2         # rows from which a program scores a 16-row block on tensor cores, reading each W₂ tile
@@ -201,12 +201,10 @@ def markov_tiles(R: int, V: int, rank: int, chunk: int | None = None) -> MarkovT
     chunks. `chunk`: token ids a program, instead of the default."""
     block_r = triton.next_power_of_2(rank)
     if R >= MARKOV_TILE_ROWS and block_r >= 16:
-        bm, bv, blocks = 16, max(16, min(64, 16384 // block_r)), triton.cdiv(R, 16)
-        c = MARKOV_CHUNK
-        while chunk is None and blocks * triton.cdiv(V, c) > MARKOV_TILE_PROGRAMS and c < 8192: c *= 2
+        bm, bv = 16, max(16, min(64, 16384 // block_r))
+        c = chunk or markov_chunk(triton.cdiv(R, 16), V, MARKOV_TILE_PROGRAMS)
     else:
-        bm, bv, c = 1, max(16, min(128, 8192 // block_r)), markov_chunk(R, V)
-    c = chunk or c
+        bm, bv, c = 1, max(16, min(128, 8192 // block_r)), chunk or markov_chunk(R, V)
     S = triton.cdiv(V, c)
     return MarkovTiles(bm, bv, c, S, (triton.cdiv(R, bm), S))
 
